@@ -1,0 +1,176 @@
+"""Configuration: frozen pydantic models that reject unknown keys, and YAML recipes.
+
+A recipe holds a whole deploy configuration for one method (`method`, its `config`, the teacher's budget,
+data limits, benchmark grid, gates). CLI flags and `--set key.path=value` override it; a typo anywhere fails
+loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import PipelineError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class FrozenModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrainConfig(FrozenModel):
+    """Budget and optimiser of the shared training loop.
+
+    Attributes:
+        max_steps: hard cap on optimiser steps (the CPU-friendly budget); 0 skips training.
+        epochs: passes over the training set, capped by `max_steps`.
+        batch_size: examples per step.
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW decay, not applied to biases and LayerNorm weights.
+        warmup_ratio: fraction of the steps spent in linear warm-up before linear decay to 0.
+        max_length: tokens per example after truncation (batches are padded to their longest example).
+        eval_every: evaluate on dev every N steps (0: only at the end).
+        kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
+        kd_temperature: softmax temperature of the distillation term.
+        seed: seeds data order, dropout and initialisation.
+        device: `auto` (CUDA when present), `cpu` or `cuda`.
+    """
+
+    max_steps: int = Field(300, ge=0)
+    epochs: float = Field(3.0, gt=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    max_length: int = Field(128, ge=8)
+    eval_every: int = Field(0, ge=0)
+    kd_alpha: float = Field(0.0, ge=0, le=1)
+    kd_temperature: float = Field(2.0, gt=0)
+    seed: int = 0
+    device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
+
+
+class MethodConfig(FrozenModel):
+    """Base of every method's configuration; `name` is the registry key."""
+
+    name: ClassVar[str]
+    train: TrainConfig = TrainConfig()
+
+
+class DataLimits(FrozenModel):
+    """Caps on examples (a seeded random subset of train; the first N of dev)."""
+
+    max_train: int | None = Field(None, ge=1)
+    max_dev: int | None = Field(None, ge=1)
+
+
+class BenchSettings(FrozenModel):
+    """ONNX Runtime latency grid."""
+
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    seq_lens: tuple[int, ...] = (32, 128)
+    warmup: int = Field(5, ge=0)
+    min_runs: int = Field(10, ge=1)
+    max_runs: int = Field(100, ge=1)
+    max_seconds_per_cell: float = Field(6.0, gt=0)
+    threads: int | None = Field(None, ge=1)
+
+
+class Gates(FrozenModel):
+    """Validation thresholds; a failed gate stops the flow and publishes nothing."""
+
+    compaction_atol: float = 1e-5
+    onnx_atol: float = 1e-4
+    int8_max_drop: float = Field(1.0, ge=0, description="points of accuracy int8 may lose against ONNX fp32")
+
+
+class DeployConfig(FrozenModel):
+    """Everything one deploy run needs, after recipe + CLI overrides."""
+
+    task: str
+    method: str
+    config: dict[str, Any] = {}
+    teacher: TrainConfig = TrainConfig(max_steps=600, epochs=3, lr=1e-4)
+    data: DataLimits = DataLimits()
+    bench: BenchSettings = BenchSettings()
+    gates: Gates = Gates()
+
+    def method_config(self) -> MethodConfig:
+        from pipeline.registry import get_method
+
+        cls = get_method(self.method).config_cls
+        return _validate(cls, self.config, f"{self.method} config")
+
+
+def _validate(cls: type[BaseModel], data: Any, what: str) -> Any:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        raise PipelineError(f"invalid {what}: {loc}: {err['msg']}") from None
+
+
+def default_recipe_path(method: str, task: str) -> Path | None:
+    for name in (f"{task}.yaml", "default.yaml"):
+        path = RECIPES_DIR / method / name
+        if path.is_file():
+            return path
+    return None
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """Read a YAML recipe into a plain mapping (validated later, after overrides)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"recipe not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise PipelineError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"recipe {path} must be a mapping at the top level")
+    return data
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `dotted.key=value` override in place; the value is parsed as YAML (numbers, lists, null)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise PipelineError(f"override {assignment!r} must look like key.path=value")
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise PipelineError(f"override {assignment!r}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise PipelineError(f"override {assignment!r}: value is not valid YAML") from None
+
+
+def build_deploy_config(
+    method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> DeployConfig:
+    """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config."""
+    from pipeline.registry import get_method
+    from pipeline.tasks import get_task
+
+    get_method(method)
+    get_task(task)
+    path = recipe or default_recipe_path(method, task)
+    data = read_recipe(path) if path else {}
+    if data.setdefault("method", method) != method:
+        raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
+    data["task"] = task
+    for assignment in overrides:
+        apply_override(data, assignment)
+    cfg = _validate(DeployConfig, data, "recipe")
+    cfg.method_config()  # fail now, not mid-flow
+    return cfg
