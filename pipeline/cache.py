@@ -1,0 +1,63 @@
+"""A content-addressed cache of stage outputs (fine-tuned teachers, compressed models).
+
+A key is the sha256 of everything that determines the output (input model digest, data fingerprint, config,
+method). An entry is built in a temporary folder and renamed into place only when complete, so an
+interrupted run never leaves a half-written entry that a later run would trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DONE = ".complete"
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("PIPELINE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "encoder-deploy"
+    return Path(root)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_digest(folder: Path) -> str:
+    """sha256 over the relative names and contents of every file in `folder`."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted(x for x in folder.rglob("*") if x.is_file() and x.name != DONE):
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + file_digest(p).encode())
+    return h.hexdigest()
+
+
+def key_of(**parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
+    """Return (entry folder, hit). On a miss, `build(tmp_folder)` fills a temporary folder first."""
+    final = Path(root) / stage / key
+    if (final / DONE).is_file():
+        return final, True
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+    try:
+        build(tmp)
+        (tmp / DONE).write_text("")
+        if final.exists():  # an incomplete leftover from a killed run
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final, False

@@ -1,0 +1,151 @@
+"""The one training loop every method reuses: AdamW, linear warm-up and decay, optional KD, dev evaluation.
+
+Methods customise it through `loss_fn` (e.g. MLP Fusion's layer-wise MSE) and `params` (which parameters
+move), not by copying it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from pipeline.config import TrainConfig
+from pipeline.encoding import Encoded, iter_batches
+from pipeline.evaluation import predict_logits, scores
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    history: list[dict] = field(default_factory=list)  # {"step", "loss", and dev scores when evaluated}
+    dev: dict[str, float] = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def num_steps(cfg: TrainConfig, n_examples: int) -> int:
+    return min(cfg.max_steps, math.ceil(cfg.epochs * n_examples / cfg.batch_size))
+
+
+def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
+    """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0."""
+    alpha, t = cfg.kd_alpha, cfg.kd_temperature
+    use_kd = teacher is not None and alpha > 0
+
+    def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        labels = batch["labels"]
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        logits = model(**inputs).logits
+        ce = F.cross_entropy(logits, labels)
+        if not use_kd:
+            return ce
+        with torch.no_grad():
+            t_logits = teacher(**inputs).logits
+        kd = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(t_logits / t, -1), log_target=True, reduction="batchmean")
+        return (1 - alpha) * ce + alpha * t * t * kd
+
+    return loss_fn
+
+
+def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in params:
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train(
+    model: nn.Module,
+    train_enc: Encoded,
+    dev_enc: Encoded | None,
+    cfg: TrainConfig,
+    *,
+    teacher: nn.Module | None = None,
+    loss_fn: LossFn | None = None,
+    params: Iterable[tuple[str, nn.Parameter]] | None = None,
+    desc: str = "train",
+) -> TrainResult:
+    """Train `model` in place for the configured budget and return the loss/metric history.
+
+    Args:
+        model: the model to train; it is returned to the CPU in eval mode.
+        train_enc, dev_enc: tokenised splits (dev may be None to skip evaluation).
+        cfg: budget, optimiser and KD settings.
+        teacher: frozen model for KD (and for custom losses that close over it).
+        loss_fn: replaces the default classification(+KD) loss.
+        params: named parameters to optimise (default: all of `model`'s trainable ones).
+        desc: label of the progress bar.
+    """
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model.to(device).train()
+    if teacher is not None:
+        teacher.to(device).eval()
+    loss_fn = loss_fn or classification_loss(teacher, cfg)
+    steps = num_steps(cfg, len(train_enc))
+    result = TrainResult(steps=steps, seconds=0.0)
+    if steps == 0:
+        return _finish(model, teacher, result)
+    groups = _param_groups(params if params is not None else model.named_parameters(), cfg.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    warmup = int(cfg.warmup_ratio * steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup))
+    )
+    start, step, running = time.perf_counter(), 0, None
+    bar = tqdm(total=steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None)  # off without a TTY
+    while step < steps:
+        for batch in iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            loss = loss_fn(model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+            entry = {"step": step, "loss": round(running, 5)}
+            if dev_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+                entry.update(scores(predict_logits(model, dev_enc), dev_enc.labels))
+                model.train()
+            result.history.append(entry)
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.4f}")
+            if step >= steps:
+                break
+    bar.close()
+    if dev_enc is not None:
+        result.dev = scores(predict_logits(model, dev_enc), dev_enc.labels)
+        result.history[-1].update(result.dev)
+    result.seconds = time.perf_counter() - start
+    log.info("%s: %d steps in %.1fs, dev %s", desc, steps, result.seconds, result.dev)
+    return _finish(model, teacher, result)
+
+
+def _finish(model: nn.Module, teacher: nn.Module | None, result: TrainResult) -> TrainResult:
+    model.to("cpu").eval()
+    if teacher is not None:
+        teacher.to("cpu")
+    return result
