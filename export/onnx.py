@@ -1,0 +1,122 @@
+"""ONNX export of an in-memory (compacted) model, ORT transformer fusion, and dynamic int8 quantisation.
+
+We export the in-memory model with optimum's `onnx_export_from_model`: reloading a compacted folder through
+transformers would fail on per-layer widths. Optimum's TorchScript-based exporter is kept on purpose: ORT's
+attention fusion does not recognise graphs from the dynamo exporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+OPSET = 18
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the exporter's tracer warnings and the quantiser's root-logger advice (both expected here)."""
+    from optimum.utils import logging as optimum_logging
+    from transformers.utils import logging as hf_logging
+
+    libs = [(lib, lib.get_verbosity()) for lib in (hf_logging, optimum_logging)]
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    for lib, _ in libs:
+        lib.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+        for lib, old in libs:
+            lib.set_verbosity(old)
+
+
+def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Path:
+    """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with config and tokenizer."""
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    out_dir = Path(out_dir)
+    with _quiet():
+        onnx_export_from_model(
+            model.eval(), out_dir, task="text-classification", opset=opset, do_validation=False
+        )
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
+    return out_dir / "model.onnx"
+
+
+def optimize_onnx(src: str | Path, dst: str | Path) -> dict[str, int]:
+    """Fuse attention, GELU and LayerNorm with ORT's transformer optimizer (hardware-independent, opt_level 0).
+
+    Heads and hidden size are detected per layer from the graph (num_heads=0), which is what makes fusion
+    work for layers with different head counts.
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    opt = optimize_model(str(src), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    opt.save_model_to_file(str(dst))
+    return {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+
+
+def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
+    """Dynamic int8 quantisation of weights (activations quantised at run time).
+
+    The fused graph needs symbolic shape inference first, or the quantiser cannot find the type of the
+    attention output MatMul (onnxruntime: "Unable to find data type for weight_name").
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shaped = Path(tmp) / "shaped.onnx"
+        onnx.save(SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True), str(shaped))
+        with _quiet():
+            quantize_dynamic(str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=False)
+    return op_counts(dst)
+
+
+def op_counts(path: str | Path) -> dict[str, int]:
+    import onnx
+
+    return dict(Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node).most_common())
+
+
+def export_optimized(model, tokenizer, out_dir: str | Path, stem: str = "model") -> dict:
+    """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused) and `{stem}.int8.onnx`.
+
+    The exporter's `config.json` and tokenizer files land in `out_dir` too (when `tokenizer` is given).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        raw = export_onnx(model, tokenizer, tmp)
+        for f in Path(tmp).iterdir():
+            if f.suffix != ".onnx":
+                shutil.move(str(f), out_dir / f.name)
+        fused = optimize_onnx(raw, out_dir / f"{stem}.onnx")
+    quantized = quantize_int8(out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx")
+    return {"fused_ops": fused, "int8_ops": {k: v for k, v in quantized.items() if k in ("MatMulInteger", "QAttention")}}
+
+
+def export_stage(staging: str, teacher_dir: str) -> dict:
+    """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark)."""
+    from pipeline.modeling import load_model, load_tokenizer
+
+    staging_path = Path(staging)
+    compact_dir = staging_path / "pytorch"
+    report = {"compressed": export_optimized(load_model(compact_dir), load_tokenizer(compact_dir), staging_path)}
+    report["dense"] = export_optimized(load_model(teacher_dir), None, staging_path / ".work", stem="dense")
+    return report

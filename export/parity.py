@@ -1,0 +1,56 @@
+"""Run an ONNX graph over the same batches as torch, and compare logits. The one parity implementation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.encoding import Encoded, iter_batches
+
+
+def ort_session(path: str | Path, threads: int | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndarray:
+    """Logits of the ONNX graph for every example, batched and padded exactly as `predict_logits` does."""
+    session = ort_session(path)
+    names = [i.name for i in session.get_inputs()]
+    out = []
+    for batch in iter_batches(enc, batch_size):
+        feed = {n: batch[n].numpy() for n in names}
+        out.append(session.run(["logits"], feed)[0])
+    return np.concatenate(out)
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    max_abs_diff: float
+    argmax_agreement: float  # fraction of examples with the same predicted class
+    examples: int
+    atol: float | None
+
+    @property
+    def passed(self) -> bool:
+        return self.atol is not None and self.max_abs_diff <= self.atol and self.argmax_agreement == 1.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
+
+
+def compare_logits(reference: np.ndarray, candidate: np.ndarray, atol: float | None = None) -> ParityReport:
+    if reference.shape != candidate.shape:
+        raise ValueError(f"logit shapes differ: {reference.shape} vs {candidate.shape}")
+    return ParityReport(
+        max_abs_diff=float(np.abs(reference - candidate).max()),
+        argmax_agreement=float((reference.argmax(-1) == candidate.argmax(-1)).mean()),
+        examples=int(reference.shape[0]),
+        atol=atol,
+    )

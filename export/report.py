@@ -1,0 +1,73 @@
+"""Render the run report (report.json's content) as Markdown for people and for Prefect's UI."""
+
+from __future__ import annotations
+
+
+def _fmt(x, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def latency_rows(speed: dict) -> list[dict]:
+    """One flat row per (model, provider, batch, seq) cell: the table artifact and the Markdown table."""
+    keep = ("model", "provider", "batch", "seq", "runs", "p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
+    return [{k: (round(c[k], 3) if isinstance(c[k], float) else c[k]) for k in keep} for c in speed.get("cells", [])]
+
+
+def render_markdown(report: dict) -> str:
+    lines = [f"# {report.get('artifact', 'deploy report')}", ""]
+    lines += [f"- task: **{report['task']}**, method: **{report['method']}**", f"- data: {report['data']['source']}"]
+    lines += [f"- teacher: {report['teacher'].get('source')} ({report['teacher'].get('path')})", ""]
+    v = report.get("validation", {})
+    if v:
+        lines += ["## Dev metrics", "", "| model | " + " | ".join(next(iter(v["metrics"].values()))) + " |"]
+        lines += ["|---|" + "---|" * len(next(iter(v["metrics"].values())))]
+        for name, m in v["metrics"].items():
+            lines.append(f"| {name} | " + " | ".join(_fmt(x) for x in m.values()) + " |")
+        p = v["onnx_parity"]
+        lines += [
+            "",
+            f"ONNX fp32 vs compacted torch: max |Δ logits| = {p['max_abs_diff']:.2e}, argmax agreement "
+            f"{p['argmax_agreement']:.4f} over {p['examples']} examples; int8 loses {v['int8_accuracy_drop']:.2f} points "
+            "against fp32.",
+            "",
+        ]
+    c = report.get("compaction", {})
+    if c:
+        lines += [
+            "## Structure",
+            "",
+            f"FFN widths {c['ffn_widths_before']} → {c['ffn_widths']}; heads {c['heads']}; "
+            f"scaling folded in layers {c['folded_scale_layers']}; compaction max |Δ logits| {c['max_abs_diff']:.1e}.",
+            "",
+        ]
+    s = report.get("speed", {})
+    if s:
+        dev = s["device"]
+        lines += [
+            "## Latency (ONNX Runtime)",
+            "",
+            f"{dev.get('cpu')}, ORT {dev.get('ort_version')}, {dev.get('threads')} intra-op threads, spinning "
+            f"{dev.get('spinning')}, models interleaved in one process on the same inputs.",
+            "",
+            f"Parameters: dense {s['params']['dense']:,}, compressed {s['params']['compressed']:,}.",
+            "",
+            "| model | provider | batch | seq | runs | p50 ms | p90 ms | p99 ms | seq/s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in latency_rows(s):
+            lines.append("| " + " | ".join(_fmt(x) for x in r.values()) + " |")
+        lines += ["", "| model | batch | seq | speedup (p50) | FLOP bound | measured / bound |", "|---|---|---|---|---|---|"]
+        for r in s["speedups"]:
+            if r["provider"].startswith("CPU"):
+                bound = r.get("flop_bound")
+                frac = r.get("fraction_of_bound")
+                lines.append(
+                    f"| {r['model']} | {r['batch']} | {r['seq']} | {r['speedup_p50']:.2f}× | "
+                    f"{_fmt(bound) + '×' if bound else ''} | {_fmt(frac) if frac else ''} |"
+                )
+        lines += ["", f"![latency]({s['plot']})", ""]
+    t = report.get("timings", {})
+    if t:
+        lines += ["## Timings (s)", "", ", ".join(f"{k} {_fmt(x, 1)}" for k, x in t.items()), ""]
+    return "\n".join(lines)
+

@@ -1,0 +1,82 @@
+"""The speed stage: latency of dense vs compressed (fp32 and int8) in one ORT process, next to the FLOP bound."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from export.benchmark import BenchConfig, benchmark, encoder_flops, plot_latency, speedups
+from pipeline.config import BenchSettings
+
+log = logging.getLogger(__name__)
+
+HEADLINE = (8, 128)  # batch x sequence the quality bars are stated at
+
+
+def model_shapes(model_dir: str | Path) -> dict:
+    """Per-layer heads and FFN widths (from our per-layer config fields, else the uniform ones)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    return {
+        "hidden": cfg["hidden_size"],
+        "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        "heads": cfg.get("layer_heads") or [cfg["num_attention_heads"]] * layers,
+        "ffn": cfg.get("intermediate_sizes") or [cfg["intermediate_size"]] * layers,
+        "num_labels": len(cfg.get("id2label") or {0: 0, 1: 1}),
+        "vocab_size": cfg["vocab_size"],
+    }
+
+
+def param_count(model_dir: str | Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="np") as f:
+        for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+            n = 1
+            for d in f.get_slice(key).get_shape():
+                n *= d
+            total += n
+    return total
+
+
+def flops(shapes: dict, seq: int) -> int:
+    return encoder_flops(shapes["hidden"], shapes["heads"], shapes["head_dim"], shapes["ffn"], seq, shapes["num_labels"])
+
+
+def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> dict:
+    """Benchmark dense and compressed graphs, compute FLOP bounds, and plot `latency.png` into `staging`."""
+    staging_path = Path(staging)
+    dense, comp = model_shapes(teacher_dir), model_shapes(staging_path / "pytorch")
+    models = {
+        "dense": staging_path / ".work" / "dense.onnx",
+        "dense-int8": staging_path / ".work" / "dense.int8.onnx",
+        "compressed": staging_path / "model.onnx",
+        "compressed-int8": staging_path / "model.int8.onnx",
+    }
+    cfg = BenchConfig(
+        batch_sizes=tuple(settings.batch_sizes), seq_lens=tuple(settings.seq_lens), warmup=settings.warmup,
+        min_runs=settings.min_runs, max_runs=settings.max_runs, max_seconds_per_cell=settings.max_seconds_per_cell,
+        threads=settings.threads,
+    )
+    result = benchmark(models, comp["vocab_size"], cfg)
+    ratios = speedups(result, "dense")
+    bounds = {s: flops(dense, s) / flops(comp, s) for s in settings.seq_lens}
+    for r in ratios:
+        if r["model"].startswith("compressed") and not r["model"].endswith("int8"):
+            r["flop_bound"] = bounds[r["seq"]]
+            r["fraction_of_bound"] = r["speedup_p50"] / bounds[r["seq"]]
+    plot = plot_latency(result, staging_path / "latency.png", title="ONNX Runtime latency: dense vs compressed")
+    headline = {
+        r["model"]: r for r in ratios if (r["batch"], r["seq"]) == HEADLINE and r["provider"].startswith("CPU")
+    }
+    return {
+        **result,
+        "speedups": ratios,
+        "headline": headline,
+        "flops_per_sequence": {s: {"dense": flops(dense, s), "compressed": flops(comp, s)} for s in settings.seq_lens},
+        "flop_bound": bounds,
+        "params": {"dense": param_count(teacher_dir), "compressed": param_count(staging_path / "pytorch")},
+        "plot": plot.name,
+    }

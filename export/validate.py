@@ -1,0 +1,68 @@
+"""Validation gates over the whole dev set: compacted torch ≡ ONNX fp32, int8 within budget, task metrics.
+
+A failed gate raises `GateError`; the flow then discards the staging folder, so nothing is published.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from export.parity import ParityReport, compare_logits, onnx_logits
+from pipeline.config import Gates
+from pipeline.data import DataRef
+from pipeline.encoding import encode
+from pipeline.errors import GateError
+from pipeline.evaluation import predict_logits, scores
+from pipeline.modeling import load_model, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def gate_failures(parity: ParityReport, int8_drop: float, gates: Gates) -> list[str]:
+    """The failed gates, each as a sentence (empty: all passed)."""
+    failures = []
+    if not parity.passed:
+        failures.append(
+            f"ONNX fp32 vs torch: max |Δ logits| {parity.max_abs_diff:.2e} (limit {gates.onnx_atol:.0e}), "
+            f"argmax agreement {parity.argmax_agreement:.4f}"
+        )
+    if int8_drop > gates.int8_max_drop:
+        failures.append(f"int8 accuracy {int8_drop:.2f} points below fp32 (limit {gates.int8_max_drop})")
+    return failures
+
+
+def validate(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: int = 128) -> dict:
+    """Score teacher, compressed torch, ONNX fp32 and int8 on dev; check parity; raise on a failed gate."""
+    staging_path = Path(staging)
+    data = ref.load()
+    tokenizer = load_tokenizer(staging_path / "pytorch")
+    dev = encode(tokenizer, data.dev, max_length)
+    teacher_dev = encode(load_tokenizer(teacher_dir), data.dev, max_length)
+
+    logits = {
+        "teacher": predict_logits(load_model(teacher_dir), teacher_dev),
+        "teacher_onnx_fp32": onnx_logits(staging_path / ".work" / "dense.onnx", teacher_dev),
+        "compressed_torch": predict_logits(load_model(staging_path / "pytorch"), dev),
+        "onnx_fp32": onnx_logits(staging_path / "model.onnx", dev),
+        "onnx_int8": onnx_logits(staging_path / "model.int8.onnx", dev),
+    }
+    metrics = {name: scores(v, dev.labels) for name, v in logits.items()}
+    parity = compare_logits(logits["compressed_torch"], logits["onnx_fp32"], gates.onnx_atol)
+    teacher_parity = compare_logits(logits["teacher"], logits["teacher_onnx_fp32"], gates.onnx_atol)
+    int8_drop = metrics["onnx_fp32"]["accuracy"] - metrics["onnx_int8"]["accuracy"]
+    report = {
+        "dev_examples": len(dev),
+        "metrics": metrics,
+        "onnx_parity": parity.as_dict(),
+        "teacher_onnx_parity": teacher_parity.as_dict(),
+        "int8_accuracy_drop": round(int8_drop, 3),
+        "gates": gates.model_dump(),
+    }
+    failures = gate_failures(parity, int8_drop, gates)
+    report["passed"] = not failures
+    for name, m in metrics.items():
+        log.info("dev %-18s %s", name, {k: round(v, 2) for k, v in m.items()})
+    if failures:
+        raise GateError("validation failed: " + "; ".join(failures))
+    return report
