@@ -1,0 +1,52 @@
+"""The deploy flow: data → teacher → compress → compact → export → validate → benchmark → package.
+
+It only sequences tasks. Every stage after `compress` writes into a hidden staging folder that is renamed
+into place when all gates have passed, and removed on any failure.
+"""
+
+import time
+from pathlib import Path
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from export.package import artifact_name, discard, new_staging
+from export.report import latency_rows, render_markdown
+from flows import tasks
+from pipeline.request import DeployRequest
+
+
+@flow(name="deploy", log_prints=True)
+def deploy(request: DeployRequest) -> str:
+    """Compress, compact, export, validate, benchmark and package; returns the artifact folder."""
+    cfg, ref, timings = request.config, request.data, {}
+
+    def timed(name, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        timings[name] = round(time.perf_counter() - start, 1)
+        return result
+
+    data = timed("data", tasks.describe_data, ref)
+    teacher = timed("teacher", tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir)
+    compressed = timed("compress", tasks.compress, cfg, teacher["path"], ref, request.cache_dir)
+    staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
+    try:
+        compaction = timed(
+            "compact", tasks.compact, compressed["path"], ref, str(staging / "pytorch"), cfg.gates.compaction_atol
+        )
+        exported = timed("export", tasks.export_models, str(staging), teacher["path"])
+        validation = timed("validate", tasks.validate_models, str(staging), teacher["path"], ref, cfg.gates)
+        speed = timed("benchmark", tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
+        report = {
+            "task": cfg.task, "method": cfg.method, "data": data, "teacher": teacher, "compress": compressed,
+            "compaction": compaction, "export": exported, "validation": validation, "speed": speed, "timings": timings,
+        }
+        inputs = {"model": request.model, "teacher": teacher["path"], "data": data}
+        final = tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
+    except BaseException:
+        discard(staging)
+        raise
+    create_markdown_artifact(key="deploy-report", markdown=render_markdown({**report, "artifact": Path(final).name}))
+    create_table_artifact(key="deploy-latency", table=latency_rows(speed))
+    return str(final)

@@ -1,0 +1,140 @@
+"""The torch-side stages as plain functions over paths: teacher, compress, compact.
+
+Each takes and returns paths and small JSON-able reports, so a Prefect task can wrap it directly; expensive
+outputs go to the content-addressed cache (`pipeline.cache`) so a rerun with the same inputs reuses them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from pathlib import Path
+
+from pipeline.cache import cached_build, dir_digest, key_of
+from pipeline.config import DeployConfig, TrainConfig
+from pipeline.data import DataRef, Split, TaskData
+from pipeline.encoding import encode, encode_task
+from pipeline.errors import GateError, PipelineError
+from pipeline.evaluation import predict_logits, scores
+from pipeline.modeling import check_model_dir, load_base_model, load_model, load_tokenizer, save_model
+from pipeline.registry import get_method
+from pipeline.stage import StageContext
+
+log = logging.getLogger(__name__)
+
+STAGE_FILE = "stage.json"
+CODE_VERSION = "1"  # bump when a change to a stage alters what it produces, to invalidate caches
+
+
+def describe_data(ref: DataRef) -> dict:
+    """Load once to validate and fingerprint the data; say which source was used."""
+    data = ref.load()
+    log.info("data: %s (%d train, %d dev)", data.source, len(data.train), len(data.dev))
+    return {"source": data.source, "train": len(data.train), "dev": len(data.dev), "fingerprint": data.fingerprint}
+
+
+def prepare_teacher(
+    model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig, cache_dir: str
+) -> dict:
+    """The dense fine-tuned teacher: `teacher_dir` as given, else `model_dir` fine-tuned on the task (cached)."""
+    data = ref.load()
+    if teacher_dir is not None:
+        teacher = load_model(teacher_dir)
+        if teacher.config.num_labels != data.task.num_labels:
+            raise PipelineError(
+                f"teacher {teacher_dir} has {teacher.config.num_labels} labels, task {data.task.name} has {data.task.num_labels}"
+            )
+        load_tokenizer(teacher_dir)
+        return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
+    check_model_dir(model_dir)
+    key = key_of(stage="teacher", v=CODE_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint, cfg=cfg.model_dump())
+
+    def build(out: Path) -> None:
+        tokenizer = load_tokenizer(model_dir)
+        model = load_base_model(model_dir, data.task)
+        train_enc, dev_enc = encode_task(tokenizer, data, cfg.max_length)
+        result = train(model, train_enc, dev_enc, cfg, desc="teacher fine-tuning")
+        save_model(model, tokenizer, out)
+        _write_stage(out, {"steps": result.steps, "seconds": round(result.seconds, 1), "dev": result.dev, "base_model": str(model_dir)})
+
+    from pipeline.training import train
+
+    path, hit = cached_build(Path(cache_dir), "teachers", key, build)
+    info = _read_stage(path)
+    log.info("teacher: %s (%s), dev %s", path, "cached" if hit else "fine-tuned now", info.get("dev"))
+    return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}
+
+
+def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str) -> dict:
+    """Run the configured method on a copy of the teacher; the result (not yet compacted) is cached."""
+    method = get_method(config.method)
+    method_cfg = config.method_config()
+    data = ref.load()
+    key = key_of(
+        stage="compress", v=CODE_VERSION, teacher=dir_digest(Path(teacher_dir)), data=data.fingerprint,
+        method=config.method, cfg=method_cfg.model_dump(),
+    )
+
+    def build(out: Path) -> None:
+        tokenizer = load_tokenizer(teacher_dir)
+        teacher = load_model(teacher_dir)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        ctx = _context(teacher, tokenizer, data, method_cfg.train.max_length)
+        start = time.perf_counter()
+        model = method.apply()(copy.deepcopy(teacher), method_cfg, ctx)
+        ctx.report["seconds"] = round(time.perf_counter() - start, 1)
+        save_model(model, tokenizer, out)
+        _write_stage(out, ctx.report)
+
+    path, hit = cached_build(Path(cache_dir), "compressed", key, build)
+    log.info("compress (%s): %s (%s)", config.method, path, "cached" if hit else "computed now")
+    return {"path": str(path), "cached": hit, "method": config.method, **_read_stage(path)}
+
+
+def compact(
+    compressed_dir: str, ref: DataRef, out_dir: str, atol: float, max_examples: int = 256, max_length: int = 128
+) -> dict:
+    """Compact the compressed model into `out_dir` and prove it exact on dev inputs (GateError otherwise)."""
+    from pipeline.compaction import compact_
+
+    tokenizer = load_tokenizer(compressed_dir)
+    model = load_model(compressed_dir)
+    split = ref.load().dev
+    dev = encode(tokenizer, Split(split.texts[:max_examples], split.labels[:max_examples]), max_length)
+    before = predict_logits(model, dev)
+    report = compact_(model)
+    after = predict_logits(model, dev)
+    diff = float(abs(before - after).max())
+    report.update(max_abs_diff=diff, atol=atol, examples=len(dev))
+    if not diff <= atol:
+        raise GateError(f"compaction changed logits by {diff:.2e} (> {atol:.0e})")
+    save_model(model, tokenizer, out_dir)
+    reloaded = predict_logits(load_model(out_dir), dev)
+    if float(abs(reloaded - after).max()) != 0.0:
+        raise GateError(f"compacted model does not reload exactly from {out_dir}")
+    report["params"] = sum(p.numel() for p in model.parameters())
+    return report
+
+
+def _context(teacher, tokenizer, data: TaskData, max_length: int) -> StageContext:
+    train_enc, dev_enc = encode_task(tokenizer, data, max_length)
+    return StageContext(teacher=teacher, train=train_enc, dev=dev_enc)
+
+
+def _write_stage(folder: Path, report: dict) -> None:
+    (Path(folder) / STAGE_FILE).write_text(json.dumps(report, indent=2, default=str))
+
+
+def _read_stage(folder: Path) -> dict:
+    f = Path(folder) / STAGE_FILE
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
+def evaluate_dir(model_dir: str, ref: DataRef) -> dict:
+    """Dev scores of a saved torch model (used for the teacher when given with --teacher)."""
+    tokenizer = load_tokenizer(model_dir)
+    dev = encode(tokenizer, ref.load().dev, 128)
+    return scores(predict_logits(load_model(model_dir), dev), dev.labels)
