@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny model folders built once per session, and isolation from the real machine state."""
+
+import os
+
+import pytest
+
+# Tests never reach a hub: fail fast instead of retrying for half a minute.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Run every test in its own folder with its own cache, so nothing is written into the checkout."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="session")
+def base_dirs(tmp_path_factory):
+    """Bare tiny encoders (like hub base models) for BERT and RoBERTa."""
+    from pipeline.testing import write_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("base")
+    return {kind: write_tiny_model_dir(root / kind, kind, classifier=False) for kind in ("bert", "roberta")}
+
+
+@pytest.fixture(scope="session")
+def classifier_dirs(tmp_path_factory):
+    """Tiny random sequence classifiers (usable as --teacher) for BERT and RoBERTa."""
+    from pipeline.testing import write_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("clf")
+    return {kind: write_tiny_model_dir(root / kind, kind, classifier=True) for kind in ("bert", "roberta")}

@@ -1,0 +1,155 @@
+"""The CLI: every bad input fails in one line with nothing written; a real deploy through Prefect end to end."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+
+runner = CliRunner()
+
+
+def _deploy(*args):
+    return runner.invoke(app, ["deploy", *args])
+
+
+def _one_line_error(result, needle):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
+def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        dst.joinpath(f.name).write_bytes(f.read_bytes())
+    if how == "config":
+        (dst / "config.json").write_text("{not json")
+    else:
+        data = (dst / "model.safetensors").read_bytes()
+        (dst / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--method", "nope", "--task", "sst2"], "known methods: mlp_fusion"),
+        (["--method", "mlp_fusion", "--task", "cola"], "known tasks:"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=0"], "ratio"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=1.01"], "ratio"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.nope=1"], "nope: Extra inputs"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--model", "missing-dir"], "model folder not found"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--data-dir", "missing-data"], "data folder not found"),
+        (["--method", "mlp_fusion", "--task", "sst2", "--recipe", "missing.yaml"], "recipe not found"),
+    ],
+)
+def test_bad_arguments(args, needle):
+    result = _deploy(*args, "--output", "out")
+    _one_line_error(result, needle)
+    assert not Path("out").exists()
+
+
+@pytest.mark.parametrize("how", ["config", "weights"])
+def test_corrupt_model_folder(base_dirs, tmp_path, how):
+    bad = _corrupt_copy(base_dirs["bert"], tmp_path / "bad", how)
+    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt")
+    assert not Path("out").exists()
+
+
+def test_teacher_must_be_a_classifier(base_dirs):
+    result = _deploy("--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out")
+    _one_line_error(result, "not a fine-tuned sequence classifier")
+
+
+@pytest.mark.parametrize(
+    ("files", "needle"),
+    [
+        ({"train.tsv": "sentence\tlabel\ngood\t1\n"}, "missing dev.tsv"),
+        ({"train.tsv": "text\tlabel\ngood\t1\n", "dev.tsv": "text\tlabel\nbad\t0\n"}, "missing column(s) sentence"),
+        ({"train.tsv": "sentence\tlabel\ngood\t3\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "label '3' out of range"),
+        ({"train.tsv": "sentence\tlabel\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "no examples"),
+        ({"train.tsv": "", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "file is empty"),
+    ],
+)
+def test_bad_data_folder(files, needle):
+    Path("data").mkdir()
+    for name, text in files.items():
+        Path("data", name).write_text(text)
+    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--data-dir", "data", "--output", "out"), needle)
+    assert not Path("out").exists()
+
+
+def test_output_path_that_is_a_file():
+    Path("out").write_text("")
+    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--output", "out"), "is a file")
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from pipeline.cli import app; assert 'torch' not in sys.modules and 'prefect' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "deploy" in result.output
+
+
+def test_methods_and_tasks_listings():
+    assert "mlp_fusion" in runner.invoke(app, ["methods"]).output
+    out = runner.invoke(app, ["tasks"]).output
+    assert "sst2" in out and "mnli   3 labels" in out
+
+
+def _run_cli(args, env):
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "deploy", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
+    """A real flow on a tiny model: artifact layout, manifest, Optimum loading; then a cached teacher and a
+    failed gate that publishes nothing."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    common = [
+        "--method", "mlp_fusion", "--task", "sst2", "--model", str(base_dirs["bert"]), "--output", str(tmp_path / "out"),
+        "--teacher-steps", "8", "--steps", "4", "--set", "config.tune_steps=2", "--max-train", "200", "--max-dev", "48",
+        "--set", "bench.batch_sizes=[1,8]", "--set", "bench.seq_lens=[32]", "--bench-runs", "3",
+        "--set", "bench.min_runs=2", "--set", "bench.warmup=1",
+    ]
+    first = _run_cli(common, env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    artifact = Path(first.stdout.strip().splitlines()[-1])
+    assert artifact.parent == tmp_path / "out" and artifact.name.startswith("sst2-mlp_fusion-")
+    names = {p.name for p in artifact.iterdir()}
+    assert {"model.onnx", "model.int8.onnx", "config.json", "tokenizer.json", "pytorch", "report.json", "report.md",
+            "latency.png", "manifest.json"} <= names
+    assert not (artifact / ".work").exists()
+
+    from export.package import verify_manifest
+
+    assert verify_manifest(artifact) == []
+    report = json.loads((artifact / "report.json").read_text())
+    assert report["validation"]["passed"] and report["validation"]["onnx_parity"]["max_abs_diff"] <= 1e-4
+    assert report["compaction"]["max_abs_diff"] <= 1e-5
+    assert "embedded sample" in report["data"]["source"]
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert config["intermediate_sizes"] == report["compaction"]["ffn_widths"]
+
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import AutoTokenizer, pipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(artifact)
+    for file_name in ("model.onnx", "model.int8.onnx"):
+        model = ORTModelForSequenceClassification.from_pretrained(artifact, file_name=file_name)
+        out = pipeline("text-classification", model=model, tokenizer=tokenizer)(["a warm, funny film", "a dull mess"])
+        assert [o["label"] in ("negative", "positive") for o in out] == [True, True]
+
+    second = _run_cli([*common, "--set", "gates.onnx_atol=1e-12"], env)  # an impossible parity bar
+    assert second.returncode == 1
+    assert "error: validation failed: ONNX fp32 vs torch" in second.stderr
+    assert "(cached)" in second.stderr  # the teacher and the compressed model were reused
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [artifact.name]  # nothing else published

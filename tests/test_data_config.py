@@ -1,0 +1,107 @@
+"""Tasks, data sources, recipes and the method registry."""
+
+import pytest
+
+from pipeline.config import DeployConfig, apply_override, build_deploy_config, default_recipe_path
+from pipeline.data import load_task_data, resolve_source
+from pipeline.errors import PipelineError
+from pipeline.registry import get_method, methods
+from pipeline.tasks import TASKS, get_task
+
+
+def _write(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(["\t".join(header), *("\t".join(r) for r in rows)]) + "\n")
+
+
+def test_sample_is_used_offline_and_says_so():
+    spec = get_task("sst2")
+    assert resolve_source(spec, None) == "sample"  # the tests run with the hub offline and nothing cached
+    data = load_task_data("sst2")
+    assert "embedded sample" in data.source
+    assert 300 <= len(data.train) + len(data.dev) <= 2000
+    assert set(data.train.labels) == {0, 1}
+
+
+def test_pair_task_from_tsv(tmp_path):
+    rows = [("a man plays", "someone plays", "entailment"), ("a cat sleeps", "a dog barks", "not_entailment")]
+    for name in ("train.tsv", "dev.tsv"):
+        _write(tmp_path / name, ["index", "sentence1", "sentence2", "label"], [(str(i), *r) for i, r in enumerate(rows)])
+    data = load_task_data("rte", tmp_path)
+    assert data.train.texts[0] == ("a man plays", "someone plays") and data.train.labels == [0, 1]
+    assert data.task.is_pair and "GLUE TSV folder" in data.source
+
+
+def test_limits_take_a_seeded_train_subset_and_dev_head():
+    full = load_task_data("sst2", source="sample")
+    a = load_task_data("sst2", source="sample", max_train=50, max_dev=10)
+    b = load_task_data("sst2", source="sample", max_train=50, max_dev=10)
+    assert a.train == b.train and len(a.train) == 50
+    assert a.dev.texts == full.dev.texts[:10]
+    assert a.fingerprint == b.fingerprint != full.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({}, "missing train.tsv"),
+        ({"train.tsv": (["text", "label"], [("good", "1")]), "dev.tsv": (["text", "label"], [("bad", "0")])}, "missing column"),
+        ({"train.tsv": (["sentence", "label"], [("good", "2")]), "dev.tsv": (["sentence", "label"], [("bad", "0")])}, "out of range"),
+        ({"train.tsv": (["sentence", "label"], []), "dev.tsv": (["sentence", "label"], [("bad", "0")])}, "no examples"),
+    ],
+)
+def test_bad_data_folders(tmp_path, files, message):
+    tmp_path.joinpath("data").mkdir()
+    for name, (header, rows) in files.items():
+        _write(tmp_path / "data" / name, header, rows)
+    with pytest.raises(PipelineError, match=message):
+        load_task_data("sst2", tmp_path / "data")
+
+
+def test_every_task_resolves_and_unknown_lists_known():
+    for name, spec in TASKS.items():
+        assert get_task(name) is spec and len(spec.tsv_label_values) == spec.num_labels
+    with pytest.raises(PipelineError, match="known tasks: mnli, mrpc"):
+        get_task("cola")
+
+
+def test_registry_covers_every_method_with_a_default_recipe():
+    names = [m.name for m in methods()]
+    assert names == ["mlp_fusion"]
+    for name in names:
+        assert default_recipe_path(name, "sst2") is not None
+        assert callable(get_method(name).apply())
+    with pytest.raises(PipelineError, match="known methods: mlp_fusion"):
+        get_method("smp2")
+
+
+def test_recipe_overrides_and_validation(tmp_path):
+    cfg = build_deploy_config("mlp_fusion", "sst2", overrides=["config.ratio=0.5", "teacher.max_steps=7", "bench.seq_lens=[16]"])
+    assert cfg.method_config().ratio == 0.5 and cfg.teacher.max_steps == 7 and cfg.bench.seq_lens == (16,)
+    for bad, message in [
+        ("config.ratio=0", "greater than 0"),
+        ("config.ratio=1.5", "less than or equal to 1"),
+        ("config.ratoi=0.5", "ratoi: Extra inputs"),
+        ("teacher.bogus=1", "teacher.bogus"),
+        ("ratio", "key.path=value"),
+    ]:
+        with pytest.raises(PipelineError, match=message):
+            build_deploy_config("mlp_fusion", "sst2", overrides=[bad])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("method: mlp_fusion\nconfig:\n  ratio: 0.5\n  layers: [1]\n")
+    assert build_deploy_config("mlp_fusion", "sst2", recipe).method_config().layers == [1]
+    recipe.write_text("method: mlp_fusion\nconfig: [1, 2\n")
+    with pytest.raises(PipelineError, match="not valid YAML"):
+        build_deploy_config("mlp_fusion", "sst2", recipe)
+
+
+def test_config_round_trips_through_json():
+    cfg = build_deploy_config("mlp_fusion", "sst2")
+    assert DeployConfig.model_validate_json(cfg.model_dump_json()) == cfg
+
+
+def test_apply_override_parses_yaml_values():
+    data = {}
+    apply_override(data, "a.b=[1, 2]")
+    apply_override(data, "a.c=null")
+    assert data == {"a": {"b": [1, 2], "c": None}}

@@ -1,0 +1,87 @@
+"""ONNX export parity for non-uniform models, int8 quantisation, and the validation gates."""
+
+import numpy as np
+import pytest
+import torch
+
+from export.onnx import export_optimized, op_counts
+from export.parity import compare_logits, onnx_logits
+from export.validate import gate_failures
+from pipeline.compaction import compact_
+from pipeline.config import Gates
+from pipeline.data import load_task_data
+from pipeline.encoding import encode
+from pipeline.evaluation import predict_logits
+from pipeline.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.methods.mlp_fusion.stage import fuse_
+from pipeline.testing import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def dev_texts():
+    return load_task_data("sst2", source="sample", max_dev=96).dev
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_compacted_non_uniform_model_exports_with_parity(kind, dev_texts, tmp_path):
+    model = tiny_model(kind, layers=3)
+    fuse_(model, MlpFusionConfig(ratio=0.25, layers=[1]))
+    compact_(model)
+    tokenizer = tiny_tokenizer(kind)
+    report = export_optimized(model, tokenizer, tmp_path)
+    assert report["fused_ops"].get("Attention") == 3 or report["fused_ops"].get("MultiHeadAttention")
+    enc = encode(tokenizer, dev_texts, 64)
+    ref = predict_logits(model, enc)
+    parity = compare_logits(ref, onnx_logits(tmp_path / "model.onnx", enc), atol=1e-4)
+    assert parity.passed, parity
+    assert (tmp_path / "config.json").is_file() and (tmp_path / "tokenizer.json").is_file()
+    # int8: weights quantised, attention fused and quantised, predictions mostly unchanged
+    ops = op_counts(tmp_path / "model.int8.onnx")
+    assert ops.get("MatMulInteger", 0) > 0
+    int8 = compare_logits(ref, onnx_logits(tmp_path / "model.int8.onnx", enc))
+    assert int8.argmax_agreement > 0.8
+    assert (tmp_path / "model.int8.onnx").stat().st_size < (tmp_path / "model.onnx").stat().st_size
+
+
+def test_exported_graph_has_dynamic_batch_and_sequence(tmp_path):
+    import onnx
+
+    export_optimized(tiny_model("bert"), tiny_tokenizer("bert"), tmp_path)
+    graph = onnx.load(tmp_path / "model.onnx").graph
+    for inp in graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
+
+
+def test_compare_logits():
+    a = np.array([[0.0, 1.0], [2.0, 0.0]], dtype=np.float32)
+    report = compare_logits(a, a + 5e-5, atol=1e-4)
+    assert report.passed and report.max_abs_diff == pytest.approx(5e-5, rel=1e-2)
+    flipped = compare_logits(a, a[:, ::-1].copy(), atol=10.0)
+    assert flipped.argmax_agreement == 0.0 and not flipped.passed  # within atol but different argmax
+    with pytest.raises(ValueError, match="shapes differ"):
+        compare_logits(a, a[:1])
+
+
+def test_gate_failures():
+    gates = Gates()
+    a = np.zeros((4, 2), dtype=np.float32)
+    good = compare_logits(a, a + 1e-6, gates.onnx_atol)
+    bad = compare_logits(a, a + 1e-3, gates.onnx_atol)
+    assert gate_failures(good, 0.5, gates) == []
+    assert len(gate_failures(bad, 0.5, gates)) == 1 and "ONNX fp32" in gate_failures(bad, 0.5, gates)[0]
+    assert "int8" in gate_failures(good, 1.5, gates)[0]
+    assert len(gate_failures(bad, 3.0, gates)) == 2
+
+
+def test_ort_runs_the_same_batches_as_torch(dev_texts, tmp_path):
+    """Padding differs per batch; parity must compare example by example in the same order."""
+    model, tokenizer = tiny_model("bert"), tiny_tokenizer("bert")
+    export_optimized(model, tokenizer, tmp_path)
+    enc = encode(tokenizer, dev_texts, 64)
+    single = np.stack([onnx_logits(tmp_path / "model.onnx", encode(tokenizer, type(dev_texts)([t], [y]), 64))[0]
+                       for t, y in zip(dev_texts.texts[:5], dev_texts.labels[:5])])
+    batched = onnx_logits(tmp_path / "model.onnx", enc, batch_size=32)[:5]
+    assert np.abs(single - batched).max() < 1e-4
+    torch_single = predict_logits(model, encode(tokenizer, type(dev_texts)(dev_texts.texts[:5], dev_texts.labels[:5]), 64))
+    assert np.abs(torch_single - batched).max() < 1e-4
