@@ -133,6 +133,8 @@ def train(
             result.history.append(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{running:.4f}")
+            if bar.disable and step % max(1, steps // 10) == 0:  # no TTY: a log line every 10% instead
+                log.info("%s: step %d/%d, loss %.4f, %.1fs", desc, step, steps, running, time.perf_counter() - start)
             if step >= steps:
                 break
     bar.close()

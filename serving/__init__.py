@@ -1,0 +1,1 @@
+"""Serving runtime: ONNX Runtime over an artifact folder, with the fast tokenizer and no torch."""

@@ -33,3 +33,15 @@ def classifier_dirs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("clf")
     return {kind: write_tiny_model_dir(root / kind, kind, classifier=True) for kind in ("bert", "roberta")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA; skip them (visibly) where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -148,6 +148,24 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
         out = pipeline("text-classification", model=model, tokenizer=tokenizer)(["a warm, funny film", "a dull mess"])
         assert [o["label"] in ("negative", "positive") for o in out] == [True, True]
 
+    # The torch-free serving session predicts what the graph predicts, and refuses a tampered artifact.
+    import shutil
+
+    from export.parity import onnx_logits
+    from pipeline.data import load_task_data
+    from pipeline.encoding import encode
+    from serving.session import ArtifactError, ArtifactSession
+
+    dev = load_task_data("sst2", source="sample", max_dev=48).dev
+    reference = onnx_logits(artifact / "model.onnx", encode(tokenizer, dev, 128))
+    served = ArtifactSession(artifact).logits([t[0] for t in dev.texts])
+    assert abs(served - reference).max() < 1e-4
+    tampered = shutil.copytree(artifact, tmp_path / "tampered")
+    (tampered / "model.int8.onnx").write_bytes((tampered / "model.int8.onnx").read_bytes()[:-1] + b"\0")
+    with pytest.raises(ArtifactError, match="model.int8.onnx"):
+        ArtifactSession(tampered, precision="int8")
+    shutil.rmtree(tampered)
+
     second = _run_cli([*common, "--set", "gates.onnx_atol=1e-12"], env)  # an impossible parity bar
     assert second.returncode == 1
     assert "error: validation failed: ONNX fp32 vs torch" in second.stderr

@@ -1,0 +1,35 @@
+"""CUDA paths: the training loop on a GPU, and the ONNX Runtime CUDA benchmark pass. Skipped without CUDA."""
+
+import pytest
+
+from pipeline.config import TrainConfig
+from pipeline.data import load_task_data
+from pipeline.encoding import encode_task
+from pipeline.testing import tiny_model, tiny_tokenizer
+from pipeline.training import train
+
+
+@pytest.mark.gpu
+def test_training_loop_runs_on_cuda_and_returns_to_cpu():
+    model, tokenizer = tiny_model("bert"), tiny_tokenizer("bert")
+    train_enc, dev_enc = encode_task(tokenizer, load_task_data("sst2", source="sample", max_train=64, max_dev=32), 64)
+    result = train(model, train_enc, dev_enc, TrainConfig(max_steps=4, batch_size=16, device="cuda"))
+    assert result.steps == 4 and "accuracy" in result.dev
+    assert next(model.parameters()).device.type == "cpu"
+
+
+@pytest.mark.gpu
+def test_benchmark_cuda_pass(tmp_path):
+    import onnxruntime as ort
+
+    from export.benchmark import BenchConfig, benchmark
+    from export.onnx import export_optimized
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is not installed")
+    export_optimized(tiny_model("bert"), tiny_tokenizer("bert"), tmp_path)
+    result = benchmark({"dense": tmp_path / "model.onnx", "int8": tmp_path / "model.int8.onnx"}, 400,
+                       BenchConfig(batch_sizes=(1,), seq_lens=(16,), warmup=1, min_runs=2, max_runs=3))
+    providers = {c["provider"] for c in result["cells"]}
+    assert "CUDAExecutionProvider" in providers
+    assert any(s["model"] == "int8" and s["provider"] == "CUDAExecutionProvider" for s in result["skipped"])
