@@ -141,7 +141,7 @@ def _kmeanspp(xs, xn, gram, k, n_init, g):
     ids = torch.empty(L, R, k, dtype=torch.long, device=dev)
     ids[..., 0] = first
     for c in range(1, k):
-        cum = closest.double().cumsum(-1)
+        cum = closest.cumsum(-1, dtype=torch.float64)
         u = torch.rand(R, T, generator=g, dtype=torch.float64).to(dev) * cum[..., -1:]
         # side="right" never picks a zero-potential point unless all potentials are 0.
         cand = torch.searchsorted(cum, u, right=True).clamp_(max=n - 1)  # (L, R, T)
