@@ -90,13 +90,3 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
     os.replace(staging, final)
     return final
 
-
-def verify_manifest(artifact: str | Path) -> list[str]:
-    """Files whose sha256 differs from the manifest, or that are missing (empty list: intact)."""
-    artifact = Path(artifact)
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    return [
-        name
-        for name, digest in manifest["files"].items()
-        if not (artifact / name).is_file() or file_digest(artifact / name) != digest
-    ]

@@ -17,10 +17,11 @@ from pipeline.config import DeployConfig, TrainConfig
 from pipeline.data import DataRef, Split, TaskData
 from pipeline.encoding import encode, encode_task
 from pipeline.errors import GateError, PipelineError
-from pipeline.evaluation import predict_logits, scores
+from pipeline.evaluation import predict_logits
 from pipeline.modeling import check_model_dir, load_base_model, load_model, load_tokenizer, save_model
 from pipeline.registry import get_method
 from pipeline.stage import StageContext
+from pipeline.training import train
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ def prepare_teacher(
         result = train(model, train_enc, dev_enc, cfg, desc="teacher fine-tuning")
         save_model(model, tokenizer, out)
         _write_stage(out, {"steps": result.steps, "seconds": round(result.seconds, 1), "dev": result.dev, "base_model": str(model_dir)})
-
-    from pipeline.training import train
 
     path, hit = cached_build(Path(cache_dir), "teachers", key, build)
     info = _read_stage(path)
@@ -132,9 +131,3 @@ def _read_stage(folder: Path) -> dict:
     f = Path(folder) / STAGE_FILE
     return json.loads(f.read_text()) if f.is_file() else {}
 
-
-def evaluate_dir(model_dir: str, ref: DataRef) -> dict:
-    """Dev scores of a saved torch model (used for the teacher when given with --teacher)."""
-    tokenizer = load_tokenizer(model_dir)
-    dev = encode(tokenizer, ref.load().dev, 128)
-    return scores(predict_logits(load_model(model_dir), dev), dev.labels)

@@ -128,9 +128,9 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
             "latency.png", "manifest.json"} <= names
     assert not (artifact / ".work").exists()
 
-    from export.package import verify_manifest
+    from serving.session import check_integrity
 
-    assert verify_manifest(artifact) == []
+    check_integrity(artifact)  # raises ArtifactError naming any file that differs from manifest.json
     report = json.loads((artifact / "report.json").read_text())
     assert report["validation"]["passed"] and report["validation"]["onnx_parity"]["max_abs_diff"] <= 1e-4
     assert report["compaction"]["max_abs_diff"] <= 1e-5
