@@ -71,20 +71,31 @@ def optimize_onnx(src: str | Path, dst: str | Path) -> dict[str, int]:
 
 
 def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
-    """Dynamic int8 quantisation of weights (activations quantised at run time).
+    """Dynamic int8 quantisation of weights (per output channel; activations quantised at run time).
+
+    Per-channel weight scales: on real SST-2 dev, per-tensor int8 lost 1.4 points against fp32 for the default
+    MLP Fusion model and per-channel 0.6, at the same speed (signed int8 weights; unsigned ones were 1.5x slower).
 
     The fused graph needs symbolic shape inference first, or the quantiser cannot find the type of the
     attention output MatMul (onnxruntime: "Unable to find data type for weight_name").
+    MatMuls with an empty weight (a zero-width FFN layer) stay fp32: ORT's MatMulInteger leaves its output
+    uninitialised when the inner dimension is 0 (garbage that changes from run to run), while fp32 MatMul
+    correctly returns zeros.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    graph = SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True)
+    empty = {t.name for t in graph.graph.initializer if 0 in t.dims}
+    keep_fp32 = [n.name for n in graph.graph.node if n.op_type == "MatMul" and empty.intersection(n.input)]
     with tempfile.TemporaryDirectory() as tmp:
         shaped = Path(tmp) / "shaped.onnx"
-        onnx.save(SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True), str(shaped))
+        onnx.save(graph, str(shaped))
         with _quiet():
-            quantize_dynamic(str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=False)
+            quantize_dynamic(
+                str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+            )
     return op_counts(dst)
 
 
