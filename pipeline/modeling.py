@@ -5,7 +5,8 @@ model cannot round-trip through `from_pretrained` (it fails, or with `ignore_mis
 re-initialises the shrunk layers). We record the per-layer shapes in `config.json`
 (`intermediate_sizes`, `layer_heads`), rebuild those layers at their real sizes before loading, and load the
 weights with `strict=True`, so any mismatch is an error, never a re-initialisation. `prune_heads` is not
-used (transformers v5 removes it).
+used (transformers v5 removes it). A layer with no head left gets `HeadlessAttention` (transformers' attention
+cannot run with 0 heads).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,6 +68,67 @@ class ScaledIntermediate(Intermediate):
         return super().forward(hidden_states) * self.scale
 
 
+class _Bias(nn.Module):
+    """Only a `bias`: what is left of the attention output projection when there is no head to project."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(bias)
+
+
+class _HeadlessOutput(nn.Module):
+    def __init__(self, bias: torch.Tensor, layer_norm: nn.LayerNorm, dropout: nn.Module) -> None:
+        super().__init__()
+        self.dense = _Bias(bias)
+        self.LayerNorm = layer_norm
+        self.dropout = dropout
+
+
+class HeadlessAttention(nn.Module):
+    """The attention block of a layer with no head left: `LayerNorm(b_O + hidden_states)`, exactly.
+
+    With 0 heads the context is empty, so the output projection emits only its bias; the residual and
+    LayerNorm remain. Replaces a whole BertAttention/RobertaAttention and keeps its parameter names
+    (`output.dense.bias`, `output.LayerNorm.*`), so state dicts stay recognisable.
+    """
+
+    num_attention_heads = 0
+
+    def __init__(self, bias: torch.Tensor, layer_norm: nn.LayerNorm, dropout: nn.Module) -> None:
+        super().__init__()
+        self.output = _HeadlessOutput(bias, layer_norm, dropout)
+
+    @classmethod
+    def replacing(cls, attention: nn.Module) -> HeadlessAttention:
+        """Built from a BertAttention/RobertaAttention whose output bias already holds all folded constants."""
+        out = attention.output
+        return cls(out.dense.bias.detach().clone(), out.LayerNorm, out.dropout)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        past_key_values=None,
+        output_attentions: bool | None = False,
+        cache_position: torch.Tensor | None = None,
+        **kwargs,  # whatever else a transformers version passes to BertAttention: nothing here depends on it
+    ) -> tuple[torch.Tensor] | tuple[torch.Tensor, None]:
+        bias = self.output.dense.bias
+        if self.training:  # drop each element independently, as BertSelfOutput's dropout does per token
+            bias = self.output.dropout(bias.expand_as(hidden_states))
+        out = self.output.LayerNorm(hidden_states + bias)  # in eval a plain broadcast Add: no Expand in ONNX
+        return (out, None) if output_attentions else (out,)  # BertEncoder reads [1] only if attentions are asked
+
+
+def new_linear(in_features: int, out_features: int, dtype: torch.dtype = torch.float32, bias: bool = True) -> nn.Linear:
+    """An uninitialised Linear whose weights are copied or loaded next; zero widths are legal here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+
+
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a BERT/RoBERTa model (with or without a task head)."""
     base = getattr(model, "base_model", model)
@@ -80,24 +143,36 @@ def ffn_widths(model: nn.Module) -> list[int]:
 
 
 def head_counts(model: nn.Module) -> list[int]:
-    return [layer.attention.self.num_attention_heads for layer in encoder_layers(model)]
+    """Heads per layer (0 for a HeadlessAttention layer)."""
+    return [_heads(layer) for layer in encoder_layers(model)]
+
+
+def _heads(layer: nn.Module) -> int:
+    att = layer.attention
+    return 0 if isinstance(att, HeadlessAttention) else att.self.num_attention_heads
 
 
 def resize_ffn_(layer: nn.Module, width: int) -> None:
     """Replace a block's FFN linears by uninitialised ones of `width` neurons (weights are loaded next)."""
     fc1, fc2 = layer.intermediate.dense, layer.output.dense
-    layer.intermediate.dense = nn.Linear(fc1.in_features, width, dtype=fc1.weight.dtype)
-    layer.output.dense = nn.Linear(width, fc2.out_features, dtype=fc2.weight.dtype)
+    layer.intermediate.dense = new_linear(fc1.in_features, width, fc1.weight.dtype)
+    layer.output.dense = new_linear(width, fc2.out_features, fc2.weight.dtype)
 
 
 def resize_heads_(layer: nn.Module, heads: int) -> None:
-    """Replace a block's attention projections by ones for `heads` heads of the same head size."""
+    """Replace a block's attention projections by ones for `heads` heads of the same head size.
+
+    `heads=0` installs HeadlessAttention. Either way the parameters are placeholders: weights are loaded next.
+    """
+    if heads == 0:
+        layer.attention = HeadlessAttention.replacing(layer.attention)
+        return
     att = layer.attention.self
     hidden, head_size = att.query.in_features, att.attention_head_size
     for name in ("query", "key", "value"):
-        setattr(att, name, nn.Linear(hidden, heads * head_size, dtype=att.query.weight.dtype))
+        setattr(att, name, new_linear(hidden, heads * head_size, att.query.weight.dtype))
     out = layer.attention.output.dense
-    layer.attention.output.dense = nn.Linear(heads * head_size, out.out_features, dtype=out.weight.dtype)
+    layer.attention.output.dense = new_linear(heads * head_size, out.out_features, out.weight.dtype)
     att.num_attention_heads, att.all_head_size = heads, heads * head_size
 
 
@@ -186,13 +261,18 @@ def load_model(path: str | Path) -> PreTrainedModel:
     from safetensors.torch import load_file
 
     model = AutoModelForSequenceClassification.from_config(config)
+    if getattr(config, "classifier_head", None) == "verbalizer":  # SMP's label-word head (pipeline.verbalizer)
+        from pipeline.verbalizer import install_verbalizer_
+
+        install_verbalizer_(model)
     state = load_file(str(path / "model.safetensors"))
     for i, layer in enumerate(encoder_layers(model)):
         prefix = _layer_prefix(model, i)
-        if f"{prefix}.attention.self.query.weight" in state:
-            heads = state[f"{prefix}.attention.self.query.weight"].shape[0] // layer.attention.self.attention_head_size
-            if heads != layer.attention.self.num_attention_heads:
-                resize_heads_(layer, heads)
+        query = state.get(f"{prefix}.attention.self.query.weight")
+        # no query weight: a layer saved with 0 heads (strict loading still fails on any other missing key)
+        heads = 0 if query is None else query.shape[0] // layer.attention.self.attention_head_size
+        if heads != _heads(layer):
+            resize_heads_(layer, heads)
         fc1 = state.get(f"{prefix}.intermediate.dense.weight")
         if fc1 is not None and fc1.shape[0] != layer.intermediate.dense.out_features:
             resize_ffn_(layer, fc1.shape[0])

@@ -39,23 +39,34 @@ def tiny_tokenizer(kind: str = "bert"):
     )
 
 
-def tiny_model(kind: str = "bert", num_labels: int = 2, seed: int = 0, layers: int = 2, init_range: float = 0.2):
-    """A random `{Bert,Roberta}ForSequenceClassification`: hidden 32, 2 heads, FFN 64.
+def tiny_model(
+    kind: str = "bert", num_labels: int = 2, seed: int = 0, layers: int = 2, init_range: float = 0.2, heads: int = 2,
+    masked_lm: bool = False,
+):
+    """A random `{Bert,Roberta}ForSequenceClassification`: hidden 32, `heads` heads (of size 32/heads), FFN 64.
 
-    `init_range` is large so logits are O(1) and parity tolerances are meaningful.
+    `init_range` is large so logits are O(1) and parity tolerances are meaningful. `masked_lm=True` builds
+    `{Bert,Roberta}ForMaskedLM` instead: a pre-trained-style checkpoint that keeps its MLM head.
     """
-    from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
+    from transformers import (
+        BertConfig,
+        BertForMaskedLM,
+        BertForSequenceClassification,
+        RobertaConfig,
+        RobertaForMaskedLM,
+        RobertaForSequenceClassification,
+    )
 
     torch.manual_seed(seed)
     common = dict(
-        hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
+        hidden_size=32, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=64, vocab_size=VOCAB,
         max_position_embeddings=160, num_labels=num_labels, initializer_range=init_range,
         id2label={i: f"LABEL_{i}" for i in range(num_labels)},
     )
     if kind == "bert":
-        return BertForSequenceClassification(BertConfig(**common)).eval()
+        return (BertForMaskedLM if masked_lm else BertForSequenceClassification)(BertConfig(**common)).eval()
     cfg = RobertaConfig(**common, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
-    return RobertaForSequenceClassification(cfg).eval()
+    return (RobertaForMaskedLM if masked_lm else RobertaForSequenceClassification)(cfg).eval()
 
 
 def write_tiny_model_dir(path: str | Path, kind: str = "bert", classifier: bool = True, **kwargs) -> Path:

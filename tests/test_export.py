@@ -85,3 +85,35 @@ def test_ort_runs_the_same_batches_as_torch(dev_texts, tmp_path):
     assert np.abs(single - batched).max() < 1e-4
     torch_single = predict_logits(model, encode(tokenizer, type(dev_texts)(dev_texts.texts[:5], dev_texts.labels[:5]), 64))
     assert np.abs(torch_single - batched).max() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_model_with_headless_and_zero_width_layers_exports_with_parity(kind, dev_texts, tmp_path):
+    """Heads [0, 3, 1] and FFN widths [64, 0, 64]: ORT runs it, fuses attention where heads remain, quantises it."""
+    from pipeline.modeling import encoder_layers
+
+    model = tiny_model(kind, layers=3, heads=4)
+    layers = encoder_layers(model)
+    with torch.no_grad():
+        for i, dead in ((0, (0, 1, 2, 3)), (1, (2,)), (2, (0, 1, 3))):
+            att = layers[i].attention
+            for h in dead:  # odd heads: zero W_O columns; even heads: zero W_V rows, nonzero b_V (folded into b_O)
+                if h % 2:
+                    att.output.dense.weight[:, h * 8 : (h + 1) * 8] = 0
+                else:
+                    att.self.value.weight[h * 8 : (h + 1) * 8] = 0
+                    att.self.value.bias[h * 8 : (h + 1) * 8].normal_()
+        layers[1].output.dense.weight.zero_()
+    report = compact_(model)
+    assert report["heads"] == [0, 3, 1] and report["ffn_widths"] == [64, 0, 64]
+    tokenizer = tiny_tokenizer(kind)
+    exported = export_optimized(model, tokenizer, tmp_path)
+    assert exported["fused_ops"].get("Attention") == 2  # one per layer that still has heads
+    enc = encode(tokenizer, dev_texts, 64)
+    ref = predict_logits(model, enc)
+    parity = compare_logits(ref, onnx_logits(tmp_path / "model.onnx", enc), atol=1e-4)
+    assert parity.passed, parity
+    ops = op_counts(tmp_path / "model.int8.onnx")
+    assert ops.get("MatMulInteger", 0) > 0 and ops.get("MatMul") == 2  # the zero-width FFN's, kept fp32
+    int8 = compare_logits(ref, onnx_logits(tmp_path / "model.int8.onnx", enc))
+    assert int8.argmax_agreement > 0.8 and int8.max_abs_diff < 0.5  # MatMulInteger with K=0 gave garbage here
