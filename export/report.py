@@ -13,6 +13,22 @@ def latency_rows(speed: dict) -> list[dict]:
     return [{k: (round(c[k], 3) if isinstance(c[k], float) else c[k]) for k in keep} for c in speed.get("cells", [])]
 
 
+def _mask_lines(mask: dict | None, compaction: dict) -> list[str]:
+    """What a pruning mask kept, what compaction could remove, and the zeros a dense runtime still multiplies."""
+    if not mask:
+        return []
+    kept = ", ".join(f"{k} {v['kept']}/{v['units']}" for k, v in mask["kinds"].items())
+    z = compaction.get("remaining_zeros", {})
+    removed_heads, removed_neurons = sum(compaction.get("removed_heads", [])), sum(compaction.get("removed_ffn_neurons", []))
+    return [
+        f"Mask: kept {kept} ({100 * mask['kept_fraction']:.1f}% of the masked weights). Compaction removed "
+        f"{removed_heads} heads and {removed_neurons} FFN neurons that became empty. "
+        f"{100 * z.get('zero_fraction', 0):.1f}% of the remaining encoder linear weights are zeros that a dense "
+        "runtime still multiplies (unstructured sparsity gives it no speed).",
+        "",
+    ]
+
+
 def render_markdown(report: dict) -> str:
     lines = [f"# {report.get('artifact', 'deploy report')}", ""]
     lines += [f"- task: **{report['task']}**, method: **{report['method']}**", f"- data: {report['data']['source']}"]
@@ -40,6 +56,7 @@ def render_markdown(report: dict) -> str:
             f"scaling folded in layers {c['folded_scale_layers']}; compaction max |Δ logits| {c['max_abs_diff']:.1e}.",
             "",
         ]
+        lines += _mask_lines(report.get("compress", {}).get("mask"), c)
     s = report.get("speed", {})
     if s:
         dev = s["device"]

@@ -29,7 +29,7 @@ def deploy(request: DeployRequest) -> str:
 
     data = timed("data", tasks.describe_data, ref)
     teacher = timed("teacher", tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir)
-    compressed = timed("compress", tasks.compress, cfg, teacher["path"], ref, request.cache_dir)
+    compressed = timed("compress", tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
         compaction = timed(

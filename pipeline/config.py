@@ -8,7 +8,7 @@ loudly instead of being ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -31,7 +31,8 @@ class TrainConfig(FrozenModel):
         batch_size: examples per step.
         lr: peak AdamW learning rate.
         weight_decay: AdamW decay, not applied to biases and LayerNorm weights.
-        warmup_ratio: fraction of the steps spent in linear warm-up before linear decay to 0.
+        warmup_ratio: fraction of each learning-rate cycle spent in linear warm-up before linear decay to 0.
+        cycles: the warm-up + decay schedule repeated back to back this many times (GMP*'s re-warming).
         max_length: tokens per example after truncation (batches are padded to their longest example).
         eval_every: evaluate on dev every N steps (0: only at the end).
         kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
@@ -46,6 +47,7 @@ class TrainConfig(FrozenModel):
     lr: float = Field(5e-5, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    cycles: int = Field(1, ge=1)
     max_length: int = Field(128, ge=8)
     eval_every: int = Field(0, ge=0)
     kd_alpha: float = Field(0.0, ge=0, le=1)
@@ -59,6 +61,52 @@ class MethodConfig(FrozenModel):
 
     name: ClassVar[str]
     train: TrainConfig = TrainConfig()
+
+    def preflight(self, model_dir: Path, model_config: dict[str, Any], task: str) -> None:
+        """Check the config against the model before any stage runs (raise PipelineError); torch-free."""
+
+
+FfnGranularity = Literal["unstructured", "block", "neuron", "none"]
+AttentionGranularity = Literal["unstructured", "block", "head", "none"]
+Allocation = Literal["local", "type", "global", "soft"]
+
+
+class MaskConfig(FrozenModel):
+    """What a pruning method masks and how the kept budget is shared (see `pipeline.masking`).
+
+    Attributes:
+        ffn: FFN granularity: `neuron` (compaction removes it), `block`, `unstructured`, or `none`.
+        attention: attention granularity: `head` (compaction removes it), `block`, `unstructured`, or `none`.
+        block: rows x columns of a block; must divide every masked matrix.
+        allocation: top-k per score tensor (`local`: per matrix, or per layer for neurons/heads), per kind
+            pooled over layers (`type`), over everything (`global`), or SMP-S's soft per-layer split (`soft`).
+        soft_temperature: SMP-S's p in σ(S/p) (the authors' code; 1 = the paper).
+    """
+
+    ffn: FfnGranularity = "neuron"
+    attention: AttentionGranularity = "head"
+    block: tuple[int, int] = (32, 32)
+    allocation: Allocation = "local"
+    soft_temperature: float = Field(1.0, gt=0)
+
+    @property
+    def structured(self) -> bool:
+        return self.ffn in ("neuron", "none") and self.attention in ("head", "none")
+
+    def check_shapes(self, model_config: dict[str, Any]) -> None:
+        """Blocks must tile every masked matrix of the model."""
+        if "block" not in (self.ffn, self.attention):
+            return
+        hidden, inter = model_config.get("hidden_size"), model_config.get("intermediate_size")
+        r, c = self.block
+        shapes = []
+        if self.attention == "block":
+            shapes.append(("attention", hidden, hidden))
+        if self.ffn == "block":
+            shapes += [("FFN input", inter, hidden), ("FFN output", hidden, inter)]
+        for what, rows, cols in shapes:
+            if rows and cols and (rows % r or cols % c):
+                raise PipelineError(f"block {r}x{c} does not divide the {what} matrices ({rows}x{cols})")
 
 
 class DataLimits(FrozenModel):
@@ -111,8 +159,9 @@ def _validate(cls: type[BaseModel], data: Any, what: str) -> Any:
         return cls.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        raise PipelineError(f"invalid {what}: {loc}: {err['msg']}") from None
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise PipelineError(f"invalid {what}: {loc + ': ' if loc else ''}{msg}") from None
 
 
 def default_recipe_path(method: str, task: str) -> Path | None:
@@ -121,6 +170,15 @@ def default_recipe_path(method: str, task: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def resolve_recipe(method: str, recipe: str | Path) -> Path:
+    """A recipe file, or the name of a packaged one (`--recipe unstructured` is recipes/<method>/unstructured.yaml)."""
+    path = Path(recipe)
+    packaged = RECIPES_DIR / method / f"{recipe}.yaml"
+    if not path.is_file() and path.suffix == "" and packaged.is_file():
+        return packaged
+    return path
 
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
@@ -164,7 +222,7 @@ def build_deploy_config(
 
     get_method(method)
     get_task(task)
-    path = recipe or default_recipe_path(method, task)
+    path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, task)
     data = read_recipe(path) if path else {}
     if data.setdefault("method", method) != method:
         raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")

@@ -58,13 +58,14 @@ def prepare_request(
     config = build_deploy_config(method, task, recipe, overrides)
     check_output_dir(output_dir)
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
-    if teacher is None:
-        check_model_dir(model_dir)
-    else:
+    model_cfg = check_model_dir(model_dir) if teacher is None else None
+    if teacher is not None:
         cfg = check_model_dir(teacher)
         if not any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or []):
             raise PipelineError(f"teacher {teacher} is not a fine-tuned sequence classifier (architectures: {cfg.get('architectures')})")
         teacher = str(Path(teacher).resolve())
+        model_cfg = cfg
+    config.method_config().preflight(Path(model_dir), model_cfg, task)  # shapes from the teacher when given
     request = DeployRequest(
         config=config,
         model=model_dir,

@@ -26,7 +26,9 @@ from pipeline.training import train
 log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"
-CODE_VERSION = "1"  # bump when a change to a stage alters what it produces, to invalidate caches
+# Bump a stage's version when a change alters what it produces, to invalidate its cache entries.
+TEACHER_VERSION = "1"
+COMPRESS_VERSION = "2"
 
 
 def describe_data(ref: DataRef) -> dict:
@@ -50,7 +52,7 @@ def prepare_teacher(
         load_tokenizer(teacher_dir)
         return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
     check_model_dir(model_dir)
-    key = key_of(stage="teacher", v=CODE_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint, cfg=cfg.model_dump())
+    key = key_of(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint, cfg=cfg.model_dump())
 
     def build(out: Path) -> None:
         tokenizer = load_tokenizer(model_dir)
@@ -66,14 +68,18 @@ def prepare_teacher(
     return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}
 
 
-def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str) -> dict:
-    """Run the configured method on a copy of the teacher; the result (not yet compacted) is cached."""
+def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None) -> dict:
+    """Run the configured method on a copy of the teacher; the result (not yet compacted) is cached.
+
+    `base_model` is the pre-trained folder, for methods that can start from it (SMP's verbalizer head).
+    """
     method = get_method(config.method)
     method_cfg = config.method_config()
     data = ref.load()
     key = key_of(
-        stage="compress", v=CODE_VERSION, teacher=dir_digest(Path(teacher_dir)), data=data.fingerprint,
+        stage="compress", v=COMPRESS_VERSION, teacher=dir_digest(Path(teacher_dir)), data=data.fingerprint,
         method=config.method, cfg=method_cfg.model_dump(),
+        base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
     )
 
     def build(out: Path) -> None:
@@ -82,8 +88,10 @@ def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: st
         for p in teacher.parameters():
             p.requires_grad_(False)
         ctx = _context(teacher, tokenizer, data, method_cfg.train.max_length)
+        ctx.task, ctx.base_model = data.task.name, base_model
         start = time.perf_counter()
-        model = method.apply()(copy.deepcopy(teacher), method_cfg, ctx)
+        student = copy.deepcopy(teacher).requires_grad_(True)  # the copy must not inherit the teacher's freeze
+        model = method.apply()(student, method_cfg, ctx)
         ctx.report["seconds"] = round(time.perf_counter() - start, 1)
         save_model(model, tokenizer, out)
         _write_stage(out, ctx.report)

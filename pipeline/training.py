@@ -46,6 +46,20 @@ def num_steps(cfg: TrainConfig, n_examples: int) -> int:
     return min(cfg.max_steps, math.ceil(cfg.epochs * n_examples / cfg.batch_size))
 
 
+def lr_factor(step: int, steps: int, warmup_ratio: float, cycles: int = 1) -> float:
+    """Multiplier of the peak learning rate: linear warm-up then linear decay to 0, repeated `cycles` times."""
+    bounds = cycle_bounds(steps, cycles)
+    start, end = next((a, b) for a, b in zip(bounds, bounds[1:], strict=False) if step < b or b == steps)
+    pos, n = step - start, end - start
+    warmup = int(warmup_ratio * n)
+    return (pos + 1) / max(1, warmup) if pos < warmup else max(0.0, (n - pos) / max(1, n - warmup))
+
+
+def cycle_bounds(steps: int, cycles: int) -> list[int]:
+    """First step of each learning-rate cycle, then `steps`: cycles split the run as evenly as possible."""
+    return [round(c * steps / cycles) for c in range(cycles + 1)]
+
+
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
     """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0."""
     alpha, t = cfg.kd_alpha, cfg.kd_temperature
@@ -83,6 +97,7 @@ def train(
     teacher: nn.Module | None = None,
     loss_fn: LossFn | None = None,
     params: Iterable[tuple[str, nn.Parameter]] | None = None,
+    before_step: Callable[[int], None] | None = None,
     desc: str = "train",
 ) -> TrainResult:
     """Train `model` in place for the configured budget and return the loss/metric history.
@@ -94,6 +109,7 @@ def train(
         teacher: frozen model for KD (and for custom losses that close over it).
         loss_fn: replaces the default classification(+KD) loss.
         params: named parameters to optimise (default: all of `model`'s trainable ones).
+        before_step: called with the step index (0-based) before each step (pruning schedules hook in here).
         desc: label of the progress bar.
     """
     device = resolve_device(cfg.device)
@@ -109,15 +125,14 @@ def train(
         return _finish(model, teacher, result)
     groups = _param_groups(params if params is not None else model.named_parameters(), cfg.weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr)
-    warmup = int(cfg.warmup_ratio * steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / max(1, warmup) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup))
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
     start, step, running = time.perf_counter(), 0, None
     bar = tqdm(total=steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None)  # off without a TTY
     while step < steps:
         for batch in iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen):
             batch = {k: v.to(device) for k, v in batch.items()}
+            if before_step is not None:
+                before_step(step)
             loss = loss_fn(model, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)

@@ -39,7 +39,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--method", "nope", "--task", "sst2"], "known methods: mlp_fusion"),
+        (["--method", "nope", "--task", "sst2"], "known methods: gmp, mlp_fusion, smp"),
         (["--method", "mlp_fusion", "--task", "cola"], "known tasks:"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=0"], "ratio"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=1.01"], "ratio"),
@@ -47,6 +47,14 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         (["--method", "mlp_fusion", "--task", "sst2", "--model", "missing-dir"], "model folder not found"),
         (["--method", "mlp_fusion", "--task", "sst2", "--data-dir", "missing-data"], "data folder not found"),
         (["--method", "mlp_fusion", "--task", "sst2", "--recipe", "missing.yaml"], "recipe not found"),
+        (["--method", "smp", "--task", "sst2", "--set", "config.sparsity=1"], "sparsity: Input should be less than 1"),
+        (["--method", "gmp", "--task", "sst2", "--set", "config.sparsity=-0.5"], "sparsity: Input should be greater"),
+        (["--method", "smp", "--task", "sst2", "--set", "config.mask.attention=neuron"], "mask.attention: Input should be"),
+        (["--method", "gmp", "--task", "sst2", "--set", "config.mask.ffn=block", "--set", "config.mask.block=[7,7]"],
+         "block 7x7 does not divide"),
+        (["--method", "smp", "--task", "sst2", "--steps", "100"], "prune_steps 420 is longer than the training budget"),
+        (["--method", "gmp", "--task", "sst2", "--set", "config.prune_every=900"], "prune_every 900 is longer than the pruning window"),
+        (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
     ],
 )
 def test_bad_arguments(args, needle):
@@ -171,3 +179,34 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     assert "error: validation failed: ONNX fp32 vs torch" in second.stderr
     assert "(cached)" in second.stderr  # the teacher and the compressed model were reused
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [artifact.name]  # nothing else published
+
+
+@pytest.mark.parametrize(
+    ("method", "kind", "extra"),
+    [
+        ("smp", "roberta", ["--set", "config.prune_steps=4", "--set", "config.sparsity=0.5"]),
+        ("gmp", "bert", ["--set", "config.prune_every=1", "--set", "config.train.cycles=3"]),
+    ],
+)
+def test_structured_pruning_deploys_smaller_models(base_dirs, tmp_path, method, kind, extra):
+    """smp and gmp by default mask heads and FFN neurons; compaction removes them and the artifact is smaller."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    result = _run_cli([
+        "--method", method, "--task", "sst2", "--model", str(base_dirs[kind]), "--output", str(tmp_path / "out"),
+        "--teacher-steps", "4", "--steps", "6", "--max-train", "200", "--max-dev", "32", *extra,
+        "--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
+        "--set", "bench.min_runs=1", "--set", "bench.warmup=0",
+    ], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    artifact = Path(result.stdout.strip().splitlines()[-1])
+    report = json.loads((artifact / "report.json").read_text())
+    assert report["validation"]["passed"] and report["compaction"]["max_abs_diff"] <= 1e-5
+    mask = report["compress"]["mask"]["kinds"]
+    for kind_ in ("head", "neuron"):  # SMP-S rounds each layer's share down, so it may keep a little less
+        assert 0 < mask[kind_]["kept"] <= mask[kind_]["units"] // 2
+    compaction = report["compaction"]
+    assert sum(compaction["removed_heads"]) == mask["head"]["units"] - mask["head"]["kept"]
+    assert sum(compaction["removed_ffn_neurons"]) == mask["neuron"]["units"] - mask["neuron"]["kept"]
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["layer_heads"] == compaction["heads"] and config["intermediate_sizes"] == compaction["ffn_widths"]
+

@@ -1,5 +1,5 @@
 """Compression methods; importing this package registers each one (explicitly, no auto-discovery)."""
 
-from pipeline.methods import mlp_fusion
+from pipeline.methods import gmp, mlp_fusion, smp
 
-__all__ = ["mlp_fusion"]
+__all__ = ["gmp", "mlp_fusion", "smp"]

@@ -1,0 +1,135 @@
+"""SMP and GMP* on tiny models: what trains, what the masks keep, and exact compaction at every granularity."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from pipeline.compaction import compact_
+from pipeline.config import MaskConfig, TrainConfig
+from pipeline.data import load_task_data
+from pipeline.encoding import encode_task
+from pipeline.masking import Masker, MaskedLinear
+from pipeline.methods.gmp.config import GmpConfig
+from pipeline.methods.gmp.stage import apply as gmp_apply
+from pipeline.methods.smp.config import SmpConfig
+from pipeline.methods.smp.stage import apply as smp_apply
+from pipeline.modeling import encoder_layers, ffn_widths, head_counts, load_model, save_model
+from pipeline.stage import StageContext
+from pipeline.testing import tiny_model, tiny_tokenizer
+
+ATOL = 1e-5
+LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+           "intermediate.dense", "output.dense")
+
+
+def _logits(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 300, (4, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits
+
+
+def _context(kind="bert", teacher=None):
+    data = load_task_data("sst2", source="sample", max_train=96, max_dev=32)
+    train_enc, dev_enc = encode_task(tiny_tokenizer(kind), data, 32)
+    teacher = teacher or tiny_model(kind, layers=2)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return StageContext(teacher=teacher, train=train_enc, dev=dev_enc, task="sst2")
+
+
+def _weights(model):
+    return {f"{i}.{name}": layer.get_submodule(name).weight.detach().clone()
+            for i, layer in enumerate(encoder_layers(model)) for name in LINEARS}
+
+
+@pytest.mark.parametrize("mask", [MaskConfig(allocation="soft"), MaskConfig(ffn="unstructured", attention="unstructured", allocation="local")])
+def test_smp_trains_only_the_mask(mask):
+    ctx = _context()
+    cfg = SmpConfig(sparsity=0.5, mask=mask, prune_steps=4, train=TrainConfig(max_steps=6, batch_size=16, lr=2e-2, warmup_ratio=0))
+    before = _weights(ctx.teacher)
+    model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
+    assert not any(isinstance(m, MaskedLinear) for m in model.modules())
+    for key, w in _weights(model).items():
+        kept = w != 0
+        assert torch.equal(w[kept], before[key][kept])  # frozen: surviving weights are the teacher's, bit for bit
+    summary = ctx.report["mask"]
+    assert summary["kept_fraction"] <= 0.5 and ctx.report["schedule"]["prune_steps"] == 4
+    if mask.allocation == "local":
+        for key, w in _weights(model).items():
+            assert int((w != 0).sum()) == math.floor(0.5 * w.numel()), key
+
+
+def test_smp_schedule_longer_than_the_data_fails():
+    ctx = _context()
+    cfg = SmpConfig(prune_steps=50, train=TrainConfig(max_steps=60, batch_size=32, epochs=1))  # 96 examples: 3 steps
+    with pytest.raises(Exception, match="prune_steps 50 is longer than the 3 training steps"):
+        smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
+
+
+def test_smp_verbalizer_head_from_an_mlm_base(tmp_path):
+    base = tiny_model("bert", layers=2, masked_lm=True)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer("bert").save_pretrained(tmp_path / "base")
+    ctx = _context()
+    ctx.base_model = str(tmp_path / "base")
+    cfg = SmpConfig(sparsity=0.5, prune_steps=2, label_words=["story", "film"], train=TrainConfig(max_steps=3, batch_size=16))
+    model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
+    assert ctx.report["head"] == "verbalizer" and model.config.classifier_head == "verbalizer"
+    compact_(model)
+    save_model(model, None, tmp_path / "out")
+    assert torch.equal(_logits(load_model(tmp_path / "out")), _logits(model))
+
+
+def test_gmp_reaches_uniform_target_sparsity_and_trains_weights():
+    ctx = _context()
+    cfg = GmpConfig(
+        sparsity=0.8, initial_sparsity=0.5, prune_every=1, mask=MaskConfig(ffn="unstructured", attention="unstructured"),
+        train=TrainConfig(max_steps=6, batch_size=16, cycles=3, kd_alpha=1.0, kd_temperature=5.5),
+    )
+    before = _weights(ctx.teacher)
+    model = gmp_apply(copy.deepcopy(ctx.teacher).requires_grad_(True), cfg, ctx)
+    # 6 steps in 3 cycles: dense [0, 2), updates at 2 (the jump), 3 (cubic: 0.8 - 0.3 / 8), 4 (target), fixed after
+    assert ctx.report["schedule"]["updates"] == {"2": 0.5, "3": 0.7625, "4": 0.8}
+    after = _weights(model)
+    for key, w in after.items():  # uniform: every matrix keeps exactly floor(0.2 n) weights
+        assert int((w != 0).sum()) == math.floor(0.2 * w.numel()), key
+    assert any(not torch.equal(after[k][after[k] != 0], before[k][after[k] != 0]) for k in after)  # weights moved
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize(
+    "granularity",
+    [("neuron", "head", None), ("unstructured", "unstructured", None), ("block", "block", (8, 8)), ("neuron", "none", None)],
+)
+def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
+    """Masks at each granularity, with scores rigged so layer 0 loses every head and layer 1 every FFN neuron."""
+    ffn, attention, block = granularity
+    model = tiny_model(kind, layers=3)
+    masker = Masker.attach(model, ffn=ffn, attention=attention, block=block or (32, 32))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for group in masker.groups:
+            scores = torch.rand(group.scores.shape, generator=g)
+            if (group.layer == 0 and group.kind in ("head", "query", "key", "value", "attn_out")) or (
+                group.layer == 1 and group.kind in ("neuron", "ffn_in", "ffn_out")
+            ):
+                scores -= 10  # these lose everything under pooled ("type") allocation
+            group.scores.copy_(scores)
+    masker.allocate(0.5, "type")
+    masker.refresh("type")
+    masker.detach_(model)
+    before = _logits(model)
+    report = compact_(model)
+    assert (before - _logits(model)).abs().max() <= ATOL
+    if attention in ("head", "unstructured", "block"):
+        assert head_counts(model)[0] == 0  # every Q/K/V/O weight of layer 0 is zero: all heads go
+    if ffn != "none":
+        assert ffn_widths(model)[1] == 0
+    save_model(model, None, tmp_path)
+    assert torch.equal(_logits(load_model(tmp_path)), _logits(model))
+    assert report["removed_heads"][0] == (2 if attention != "none" else 0)
