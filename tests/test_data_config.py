@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.config import DeployConfig, apply_override, build_deploy_config, default_recipe_path
+from pipeline.config import RECIPES_DIR, DeployConfig, apply_override, build_deploy_config, default_recipe_path
 from pipeline.data import load_task_data, resolve_source
 from pipeline.errors import PipelineError
 from pipeline.registry import get_method, methods
@@ -67,11 +67,14 @@ def test_every_task_resolves_and_unknown_lists_known():
 
 def test_registry_covers_every_method_with_a_default_recipe():
     names = [m.name for m in methods()]
-    assert names == ["mlp_fusion"]
+    assert names == ["gmp", "mlp_fusion", "smp"]
     for name in names:
         assert default_recipe_path(name, "sst2") is not None
         assert callable(get_method(name).apply())
-    with pytest.raises(PipelineError, match="known methods: mlp_fusion"):
+        build_deploy_config(name, "sst2")  # every packaged recipe validates
+        for recipe in (RECIPES_DIR / name).glob("*.yaml"):
+            build_deploy_config(name, "sst2", recipe.stem)  # by name, as `--recipe paper`
+    with pytest.raises(PipelineError, match="known methods: gmp, mlp_fusion, smp"):
         get_method("smp2")
 
 
