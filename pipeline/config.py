@@ -62,8 +62,9 @@ class MethodConfig(FrozenModel):
     name: ClassVar[str]
     train: TrainConfig = TrainConfig()
 
-    def preflight(self, model_dir: Path, model_config: dict[str, Any], task: str) -> None:
-        """Check the config against the model before any stage runs (raise PipelineError); torch-free."""
+    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+        """Check the config against the base model folder, the teacher folder when given (its config in
+        `model_config`, else the base model's) and the task, before any stage runs; raise PipelineError."""
 
 
 FfnGranularity = Literal["unstructured", "block", "neuron", "none"]

@@ -227,7 +227,9 @@ class Masker:
                     lin.gates.append((group, layout))
                 groups.append(group)
 
-            if attention == "head":
+            if not hasattr(layer.attention, "self"):
+                pass  # a compacted layer without heads (HeadlessAttention): no attention matrices to mask
+            elif attention == "head":
                 att = layer.attention.self
                 d, heads = att.attention_head_size, att.num_attention_heads
                 members = [(wrap(ATTENTION_MATRICES[k]), Layout("rows", d)) for k in ("query", "key", "value")]

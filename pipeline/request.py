@@ -65,7 +65,7 @@ def prepare_request(
             raise PipelineError(f"teacher {teacher} is not a fine-tuned sequence classifier (architectures: {cfg.get('architectures')})")
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg
-    config.method_config().preflight(Path(model_dir), model_cfg, task)  # shapes from the teacher when given
+    config.method_config().preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
     request = DeployRequest(
         config=config,
         model=model_dir,

@@ -62,22 +62,28 @@ def cycle_bounds(steps: int, cycles: int) -> list[int]:
 
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
     """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0."""
-    alpha, t = cfg.kd_alpha, cfg.kd_temperature
-    use_kd = teacher is not None and alpha > 0
+    use_kd = teacher is not None and cfg.kd_alpha > 0
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        labels = batch["labels"]
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**inputs).logits
-        ce = F.cross_entropy(logits, labels)
         if not use_kd:
-            return ce
+            return F.cross_entropy(logits, batch["labels"])
         with torch.no_grad():
             t_logits = teacher(**inputs).logits
-        kd = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(t_logits / t, -1), log_target=True, reduction="batchmean")
-        return (1 - alpha) * ce + alpha * t * t * kd
+        return task_loss(logits, batch["labels"], t_logits, cfg)
 
     return loss_fn
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, t_logits: torch.Tensor | None, cfg: TrainConfig) -> torch.Tensor:
+    """(1 − α)·CE + α·T²·KL(teacher ‖ student) at temperature T (α = `kd_alpha`; CE only without teacher logits)."""
+    ce = F.cross_entropy(logits, labels)
+    alpha, t = cfg.kd_alpha, cfg.kd_temperature
+    if t_logits is None or alpha == 0:
+        return ce
+    kd = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(t_logits / t, -1), log_target=True, reduction="batchmean")
+    return (1 - alpha) * ce + alpha * t * t * kd
 
 
 def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:

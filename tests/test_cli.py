@@ -39,7 +39,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--method", "nope", "--task", "sst2"], "known methods: gmp, mlp_fusion, smp"),
+        (["--method", "nope", "--task", "sst2"], "known methods: distill, gmp, mlp_fusion, smp"),
         (["--method", "mlp_fusion", "--task", "cola"], "known tasks:"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=0"], "ratio"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=1.01"], "ratio"),
@@ -55,6 +55,12 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         (["--method", "smp", "--task", "sst2", "--steps", "100"], "prune_steps 420 is longer than the training budget"),
         (["--method", "gmp", "--task", "sst2", "--set", "config.prune_every=900"], "prune_every 900 is longer than the pruning window"),
         (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"], "relation heads 5 do not divide the Q/K/V width 384"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=7"], "student layers 7 must be between 1 and the teacher's 6"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=[0,9]"], "must be distinct indices in [0, 6)"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.teacher_layer=9"], "teacher_layer 9 is out of range"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=4", "--set", "config.hidden=1",
+          "--set", "config.hidden_mapping=uniform"], "uniform"),
     ],
 )
 def test_bad_arguments(args, needle):
@@ -111,6 +117,24 @@ def test_methods_and_tasks_listings():
     assert "sst2" in out and "mnli   3 labels" in out
 
 
+# A tiny random model scored on a few dozen dev sentences: one borderline sentence that int8 flips is 2-3 points,
+# and which one flips varies with thread timing in training. The int8 gate itself is tested in test_export.
+LOOSE_INT8_GATE = ("--set", "gates.int8_max_drop=100")
+
+
+def quick_deploy(method, model_dir, tmp_path, *extra):
+    """A deploy on a tiny model with a token budget and a one-cell benchmark; returns (process, artifact)."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    result = _run_cli([
+        "--method", method, "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path / "out"),
+        "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra,
+        "--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
+        "--set", "bench.min_runs=1", "--set", "bench.warmup=0", *LOOSE_INT8_GATE,
+    ], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, Path(result.stdout.strip().splitlines()[-1])
+
+
 def _run_cli(args, env):
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "deploy", *args], capture_output=True, text=True, env=env, timeout=600
@@ -125,7 +149,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
         "--method", "mlp_fusion", "--task", "sst2", "--model", str(base_dirs["bert"]), "--output", str(tmp_path / "out"),
         "--teacher-steps", "8", "--steps", "4", "--set", "config.tune_steps=2", "--max-train", "200", "--max-dev", "48",
         "--set", "bench.batch_sizes=[1,8]", "--set", "bench.seq_lens=[32]", "--bench-runs", "3",
-        "--set", "bench.min_runs=2", "--set", "bench.warmup=1",
+        "--set", "bench.min_runs=2", "--set", "bench.warmup=1", *LOOSE_INT8_GATE,
     ]
     first = _run_cli(common, env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -190,15 +214,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
 )
 def test_structured_pruning_deploys_smaller_models(base_dirs, tmp_path, method, kind, extra):
     """smp and gmp by default mask heads and FFN neurons; compaction removes them and the artifact is smaller."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
-    result = _run_cli([
-        "--method", method, "--task", "sst2", "--model", str(base_dirs[kind]), "--output", str(tmp_path / "out"),
-        "--teacher-steps", "4", "--steps", "6", "--max-train", "200", "--max-dev", "32", *extra,
-        "--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
-        "--set", "bench.min_runs=1", "--set", "bench.warmup=0",
-    ], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    artifact = Path(result.stdout.strip().splitlines()[-1])
+    _, artifact = quick_deploy(method, base_dirs[kind], tmp_path, "--steps", "6", *extra)
     report = json.loads((artifact / "report.json").read_text())
     assert report["validation"]["passed"] and report["compaction"]["max_abs_diff"] <= 1e-5
     mask = report["compress"]["mask"]["kinds"]

@@ -67,14 +67,14 @@ def test_every_task_resolves_and_unknown_lists_known():
 
 def test_registry_covers_every_method_with_a_default_recipe():
     names = [m.name for m in methods()]
-    assert names == ["gmp", "mlp_fusion", "smp"]
+    assert names == ["distill", "gmp", "mlp_fusion", "smp"]
     for name in names:
         assert default_recipe_path(name, "sst2") is not None
         assert callable(get_method(name).apply())
         build_deploy_config(name, "sst2")  # every packaged recipe validates
         for recipe in (RECIPES_DIR / name).glob("*.yaml"):
             build_deploy_config(name, "sst2", recipe.stem)  # by name, as `--recipe paper`
-    with pytest.raises(PipelineError, match="known methods: gmp, mlp_fusion, smp"):
+    with pytest.raises(PipelineError, match="known methods: distill, gmp, mlp_fusion, smp"):
         get_method("smp2")
 
 

@@ -53,5 +53,5 @@ class GmpConfig(MethodConfig):
             )
         return self
 
-    def preflight(self, model_dir: Path, model_config: dict[str, Any], task: str) -> None:
+    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
         self.mask.check_shapes(model_config)

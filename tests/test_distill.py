@@ -1,0 +1,70 @@
+"""Students built from the teacher, the distill method's checks, and one distillation run end to end."""
+
+import json
+
+import pytest
+import torch
+
+from pipeline.errors import PipelineError
+from pipeline.methods.distill.config import StudentConfig
+from pipeline.methods.distill.students import build_student, check_student_folder, narrow_, pick_layers
+from pipeline.modeling import encoder_layers, ffn_widths, head_counts
+from pipeline.tasks import get_task
+from pipeline.testing import tiny_model
+
+
+def test_layer_picks():
+    assert pick_layers(6, StudentConfig(layers=3)) == [1, 3, 5]  # every other layer, ending with the top one
+    assert pick_layers(12, StudentConfig(layers=5)) == [1, 4, 6, 9, 11]
+    assert pick_layers(6, StudentConfig(layers=2, pick="first")) == [0, 1]
+    assert pick_layers(6, StudentConfig(layers=2, pick="last")) == [4, 5]
+    assert pick_layers(6, StudentConfig(layers=[4, 0])) == [0, 4]
+    with pytest.raises(PipelineError, match="between 1 and the teacher's 6"):
+        pick_layers(6, StudentConfig(layers=7))
+
+
+def test_student_keeps_the_picked_teacher_layers_and_trains():
+    teacher = tiny_model("bert", layers=4).requires_grad_(False)
+    student, info = build_student(teacher, StudentConfig(layers=2), get_task("sst2"))
+    assert info["teacher_layers"] == [1, 3] and student.config.num_hidden_layers == 2
+    for s_layer, t_index in zip(encoder_layers(student), [1, 3], strict=True):
+        t_layer = encoder_layers(teacher)[t_index]
+        assert torch.equal(s_layer.output.dense.weight, t_layer.output.dense.weight)
+    assert all(p.requires_grad for p in student.parameters()) and len(encoder_layers(teacher)) == 4
+
+
+def test_narrowing_keeps_the_most_important_units():
+    model = tiny_model("bert", layers=1, heads=4)
+    layer = encoder_layers(model)[0]
+    with torch.no_grad():
+        layer.attention.output.dense.weight[:, 16:24] *= 10  # head 2 (of size 8) writes the most
+        layer.output.dense.weight[:, 5] *= 100  # neuron 5 writes the most
+        kept_head = layer.attention.output.dense.weight[:, 16:24].clone()
+        kept_row = layer.intermediate.dense.weight[5].clone()
+    narrow_(model, heads=1, ffn=8)
+    assert head_counts(model) == [1] and ffn_widths(model) == [8]
+    new = encoder_layers(model)[0]
+    assert torch.equal(new.attention.output.dense.weight, kept_head)
+    assert any(torch.equal(row, kept_row) for row in new.intermediate.dense.weight)
+
+
+def test_student_folder_must_tokenize_like_the_teacher(base_dirs):
+    with pytest.raises(PipelineError, match="tokenizes differently from the teacher"):
+        check_student_folder(base_dirs["roberta"], base_dirs["bert"])
+    assert check_student_folder(base_dirs["bert"], base_dirs["bert"])["model_type"] == "bert"
+
+
+def test_distill_deploys_a_shallower_student(base_dirs, tmp_path):
+    from tests.test_cli import quick_deploy
+
+    _, artifact = quick_deploy(
+        "distill", base_dirs["bert"], tmp_path, "--steps", "3",
+        "--set", "config.student.layers=1", "--set", "config.relation_heads=4", "--set", "config.hidden=1.0",
+        "--set", "config.hidden_mapping=uniform_last", "--set", "config.transfer_steps=2",
+    )
+    report = json.loads((artifact / "report.json").read_text())
+    assert report["validation"]["passed"]
+    assert report["compress"]["student"]["teacher_layers"] == [1]
+    assert report["compress"]["hidden_mapping"] == {"1": [2]}
+    assert json.loads((artifact / "config.json").read_text())["num_hidden_layers"] == 1
+    assert report["speed"]["params"]["compressed"] < report["speed"]["params"]["dense"]
