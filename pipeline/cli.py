@@ -1,4 +1,4 @@
-"""Command line: `pipeline deploy`, `pipeline methods`, `pipeline tasks`.
+"""Command line: `pipeline deploy`, `pipeline serve`, `pipeline methods`, `pipeline tasks`.
 
 Heavy imports (torch, transformers, Prefect) happen inside the commands, so `pipeline --help` stays fast.
 """
@@ -84,6 +84,42 @@ def deploy(
     except PipelineError as e:
         _fail(e, 2)
     typer.echo(path)
+
+
+@app.command()
+def serve(
+    artifact: Annotated[str, typer.Argument(help="Artifact folder written by `pipeline deploy`.")],
+    host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 for all interfaces.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: any free port).")] = 8000,
+    precision: Annotated[str, typer.Option(help="Graph to serve: fp32 or int8.")] = "fp32",
+    model_name: Annotated[str | None, typer.Option(help="Name in the /v2/models/{name} URLs.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="SERVING_API_KEY", show_envvar=True,
+                                                help="Require this key (Bearer or X-API-Key).")] = None,
+    max_batch: Annotated[int, typer.Option(help="Most texts per ONNX Runtime call.")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="Wait for more requests after the first of a batch.")] = 5.0,
+    max_queue: Annotated[int, typer.Option(help="Most requests waiting for the model; more get 503.")] = 256,
+    threads: Annotated[int | None, typer.Option(help="ORT intra-op threads; default: available cores.")] = None,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body.")] = 1 << 20,
+    max_items: Annotated[int, typer.Option(help="Most texts per request.")] = 64,
+    max_text_chars: Annotated[int, typer.Option(help="Longest text in characters.")] = 10_000,
+    max_length: Annotated[int, typer.Option(help="Tokens per text; longer: truncated, keeping the start.")] = 128,
+    graceful_timeout: Annotated[float, typer.Option(help="Seconds in-flight requests get on SIGTERM.")] = 30.0,
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve an artifact over HTTP (POST /predict, Open Inference Protocol v2, /metrics); no torch needed."""
+    from serving.config import ServerConfig
+    from serving.server import serve as run_server
+
+    try:
+        config = ServerConfig(
+            artifact=artifact, host=host, port=port, precision=precision, model_name=model_name, api_key=api_key,
+            max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, threads=threads,
+            max_body_bytes=max_body_bytes, max_items=max_items, max_text_chars=max_text_chars, max_length=max_length,
+            graceful_timeout_s=graceful_timeout, access_log=access_log,
+        )
+    except ValueError as e:
+        _fail(e, 2)
+    raise typer.Exit(run_server(config))
 
 
 @app.command("methods")

@@ -48,43 +48,82 @@ class ArtifactSession:
         threads: ONNX Runtime intra-op threads (None: ORT's default, the physical cores).
         max_length: tokens per text; longer texts are truncated (keeping the start).
         verify: check every file against manifest.json first.
+        spinning: let idle intra-op threads busy-wait (ORT's default). A server turns it off: spinning
+            threads would take the cores that its event loop needs between batches.
     """
 
     def __init__(self, artifact: str | Path, precision: str = "fp32", threads: int | None = None,
-                 max_length: int = 128, verify: bool = True) -> None:
+                 max_length: int = 128, verify: bool = True, spinning: bool = True) -> None:
         self.path = Path(artifact)
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
         if verify:
             check_integrity(self.path)
         config = json.loads((self.path / "config.json").read_text())
-        self.labels = [config["id2label"][str(i)] for i in range(len(config["id2label"]))]
+        positions = _max_positions(config)
+        if positions is not None and max_length > positions:
+            raise ArtifactError(f"max_length {max_length} exceeds the model's {positions} positions")
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
-        pad_id = config.get("pad_token_id") or 0
-        self.tokenizer.enable_padding(pad_id=pad_id, pad_token=self.tokenizer.id_to_token(pad_id) or "[PAD]")
+        self.pad_id = config.get("pad_token_id") or 0
+        self.tokenizer.enable_padding(pad_id=self.pad_id, pad_token=self.tokenizer.id_to_token(self.pad_id) or "[PAD]")
+        self.precision = precision
+        self.max_length = max_length
         so = ort.SessionOptions()
         if threads:
             so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        if not spinning:
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(self.path / GRAPHS[precision]), so, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.labels = _labels(config, self.session)
 
     def logits(self, texts: list[str]) -> np.ndarray:
         enc = self.tokenizer.encode_batch(texts)
-        feeds = {
-            "input_ids": np.array([e.ids for e in enc], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64),
-        }
+        width = max(1, len(enc[0].ids))
+        ids = np.full((len(enc), width), self.pad_id, dtype=np.int64)
+        mask, types = np.zeros_like(ids), np.zeros_like(ids)
+        for i, e in enumerate(enc):
+            if e.ids:
+                ids[i], mask[i], types[i] = e.ids, e.attention_mask, e.type_ids
+            if not mask[i].any():  # no tokens (an empty text, a tokenizer without [CLS]/[SEP]): one [PAD]
+                mask[i, 0] = 1  # is attended, whatever the batch, instead of a failed or batch-dependent run
+        feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return self.session.run(["logits"], {n: feeds[n] for n in self.input_names})[0]
 
     def predict(self, texts: list[str], top_k: int | None = 1) -> list[list[dict]]:
         """Per text, the `top_k` labels (None: all) with softmax scores, best first."""
-        logits = self.logits(texts)
-        z = np.exp(logits - logits.max(-1, keepdims=True))
-        probs = z / z.sum(-1, keepdims=True)
-        k = len(self.labels) if top_k is None else top_k
-        return [
-            [{"label": self.labels[j], "score": float(p[j])} for j in np.argsort(-p)[:k]]
-            for p in probs
-        ]
+        return top_labels(softmax(self.logits(texts)), self.labels, top_k)
+
+
+def _max_positions(config: dict) -> int | None:
+    """Tokens the position embeddings cover (RoBERTa-style models start counting after the pad id)."""
+    n = config.get("max_position_embeddings")
+    if n is None:
+        return None
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        n -= (config.get("pad_token_id") or 1) + 1
+    return n
+
+
+def _labels(config: dict, session: ort.InferenceSession) -> list[str]:
+    """`id2label` from config.json; without it (transformers omits the default LABEL_i names), from the graph."""
+    if config.get("id2label"):
+        return [config["id2label"][str(i)] for i in range(len(config["id2label"]))]
+    n = session.get_outputs()[0].shape[-1]
+    return [f"LABEL_{i}" for i in range(n if isinstance(n, int) else config.get("num_labels", 2))]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def top_labels(scores: np.ndarray, labels: list[str], top_k: int | None = 1) -> list[list[dict]]:
+    """Per row of `scores`, the `top_k` labels (None: all) with their scores, best first (ties: lower id)."""
+    k = len(labels) if top_k is None else top_k
+    return [
+        [{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]]
+        for row in scores
+    ]

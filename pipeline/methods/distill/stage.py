@@ -28,13 +28,16 @@ def distill_loss(cfg: DistillConfig, teacher: nn.Module, projections: HiddenProj
     """relation · L_rel + hidden · L_hid (+ the task loss with output KD when `task`), from one forward each."""
     n_teacher = len(encoder_layers(teacher))
     t_layer = cfg.teacher_layer or n_teacher
+    needs_teacher = bool(cfg.relation or cfg.hidden or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
 
     def loss_fn(student: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         mask = inputs["attention_mask"]
-        with torch.no_grad():
-            t_out = teacher(**inputs, output_hidden_states=True)
-            t_qkv = _qkv(encoder_layers(teacher)[t_layer - 1], t_out.hidden_states[t_layer - 1]) if cfg.relation else None
+        t_out = t_qkv = None
+        if needs_teacher:
+            with torch.no_grad():
+                t_out = teacher(**inputs, output_hidden_states=True)
+                t_qkv = _qkv(encoder_layers(teacher)[t_layer - 1], t_out.hidden_states[t_layer - 1]) if cfg.relation else None
         s_out = student(**inputs, output_hidden_states=True)
         total = s_out.logits.new_zeros(())
         if cfg.relation:
@@ -45,7 +48,7 @@ def distill_loss(cfg: DistillConfig, teacher: nn.Module, projections: HiddenProj
                 s_out.hidden_states, t_out.hidden_states, projections.mapping, projections, mask
             )
         if task:
-            total = total + task_loss(s_out.logits, batch["labels"], t_out.logits, cfg.train)
+            total = total + task_loss(s_out.logits, batch["labels"], t_out.logits if t_out else None, cfg.train)
         return total
 
     return loss_fn
