@@ -1,1 +1,11 @@
-"""Serving runtime: ONNX Runtime over an artifact folder, with the fast tokenizer and no torch."""
+"""Serving runtime: ONNX Runtime over an artifact folder, with the fast tokenizer and no torch.
+
+session.py     ArtifactSession: manifest check, Rust tokenizer, one ORT session (the reference predictions)
+batcher.py     MicroBatcher: concurrent requests gathered into one model call on a single worker thread
+validation.py  request parsing; every malformed body becomes a 4xx RequestError naming the problem
+app.py         the HTTP layer (Starlette): /predict, Open Inference Protocol v2, health, /metrics
+metrics.py     Prometheus metrics in a registry of their own
+config.py      ServerConfig and the core count
+server.py      start-up (integrity check, bind), uvicorn, graceful shutdown
+cli.py         `python -m serving ARTIFACT_DIR [options]` (also `pipeline serve`)
+"""

@@ -28,13 +28,18 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_integrity(artifact: Path) -> None:
-    """Refuse an artifact whose files differ from the sha256 recorded in its manifest."""
+def check_integrity(artifact: Path, required: tuple[str, ...] = ()) -> None:
+    """Refuse an artifact whose files differ from the sha256 recorded in its manifest, or whose manifest does
+    not list every file in `required` (the files about to be loaded)."""
     try:
         manifest = json.loads((artifact / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{artifact}: unreadable manifest.json ({e})") from None
-    bad = [n for n, d in manifest["files"].items() if not (artifact / n).is_file() or _sha256(artifact / n) != d]
+        files = dict(manifest["files"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{artifact}: unreadable manifest.json ({type(e).__name__}: {e})") from None
+    unlisted = [n for n in required if n not in files]
+    if unlisted:
+        raise ArtifactError(f"{artifact}: manifest.json does not list {', '.join(unlisted)}")
+    bad = [n for n, d in files.items() if not (artifact / n).is_file() or _sha256(artifact / n) != d]
     if bad:
         raise ArtifactError(f"{artifact}: files differ from manifest.json: {', '.join(sorted(bad))}")
 
@@ -58,7 +63,7 @@ class ArtifactSession:
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
         if verify:
-            check_integrity(self.path)
+            check_integrity(self.path, required=("config.json", "tokenizer.json", GRAPHS[precision]))
         config = json.loads((self.path / "config.json").read_text())
         positions = _max_positions(config)
         if positions is not None and max_length > positions:

@@ -133,3 +133,19 @@ def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
     save_model(model, None, tmp_path)
     assert torch.equal(_logits(load_model(tmp_path)), _logits(model))
     assert report["removed_heads"][0] == (2 if attention != "none" else 0)
+
+
+def test_smp_recovery_trains_surviving_weights_at_the_fixed_mask():
+    ctx = _context()
+    cfg = SmpConfig(sparsity=0.5, prune_steps=2, recover_steps=3,
+                    train=TrainConfig(max_steps=3, batch_size=16, lr=2e-2, warmup_ratio=0))
+    before = _weights(ctx.teacher)
+    model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
+    after = _weights(model)
+    kept_units = ctx.report["mask"]["kinds"]
+    assert ctx.report["recovery"]["steps"] == 3
+    assert any(not torch.equal(after[k][after[k] != 0], before[k][after[k] != 0]) for k in after)  # weights moved
+    # the pruned heads and neurons stayed pruned: compaction removes exactly what the mask dropped
+    report = compact_(model)
+    assert sum(report["removed_heads"]) == kept_units["head"]["units"] - kept_units["head"]["kept"]
+    assert sum(report["removed_ffn_neurons"]) == kept_units["neuron"]["units"] - kept_units["neuron"]["kept"]

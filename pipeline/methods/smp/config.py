@@ -27,6 +27,11 @@ class SmpConfig(MethodConfig):
             pre-trained weights, as in the paper), `classifier` (start from the fine-tuned teacher, its
             classifier frozen), or `auto` (verbalizer when the base model ships an MLM head).
         label_words: one word per label for the verbalizer; None: the task's defaults.
+        recover_steps: after the mask is final, train the surviving weights this many steps at the fixed mask
+            (with the same KD); not part of SMP, which never touches the weights (0: pure SMP). Structured masks
+            remove whole heads and neurons, which frozen weights cannot compensate for; the authors name this
+            limit of SMP themselves.
+        recover_lr: learning rate of that recovery (10% warm-up, linear decay, weight decay 0.01).
         train: the score optimiser (the authors': lr 2e-2, linear decay, no warm-up, no weight decay) and KD
             (0.5 · T²·KL(teacher ‖ student) at T = 2 + 0.5 · CE, as in their code).
     """
@@ -39,6 +44,8 @@ class SmpConfig(MethodConfig):
     reg_lambda: float = Field(400.0, ge=0)
     head: Literal["auto", "classifier", "verbalizer"] = "auto"
     label_words: list[str] | None = None
+    recover_steps: int = Field(0, ge=0)
+    recover_lr: float = Field(5e-5, gt=0)
     train: TrainConfig = TrainConfig(
         max_steps=600, epochs=3, lr=2e-2, warmup_ratio=0.0, weight_decay=0.0, kd_alpha=0.5, kd_temperature=2.0
     )

@@ -73,8 +73,17 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     ctx.report["schedule"] = {"steps": steps, "prune_steps": n, "final_keep": final_keep}
     ctx.report["mask"] = masker.summary()
     ctx.report["layer_keep"] = {g.name: round(g.keep, 4) for g in masker.groups} if alloc == "soft" else None
-    masker.detach_(model)
     ctx.report["training"] = {"steps": result.steps, "seconds": round(result.seconds, 1), "history": result.history}
     for p in model.parameters():
         p.requires_grad_(True)
+    if cfg.recover_steps:  # the masks stay attached and fixed, so pruned weights get no gradient
+        ctx.report["dev_before_recovery"] = result.dev
+        recover = cfg.train.model_copy(update={
+            "max_steps": cfg.recover_steps, "lr": cfg.recover_lr, "warmup_ratio": 0.1, "weight_decay": 0.01, "epochs": 1e9,
+        })
+        masker.to_(resolve_device(recover.device))
+        rec = train(model, ctx.train, ctx.dev, recover, teacher=ctx.teacher, desc="smp: recovery at the fixed mask")
+        masker.to_("cpu")
+        ctx.report["recovery"] = {"steps": rec.steps, "seconds": round(rec.seconds, 1), "dev": rec.dev}
+    masker.detach_(model)
     return model

@@ -1,0 +1,252 @@
+"""The HTTP layer (Starlette): Hugging Face style `/predict`, the Open Inference Protocol v2, health, metrics.
+
+Every handler runs through one wrapper that checks the API key, turns refusals into a JSON `{"error": ...}`
+with a 4xx/5xx status, and records the request in the metrics; nothing a client sends can stop the server.
+Texts go through the micro-batcher; the model runs on its single worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from typing import Any, Protocol
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
+from serving.config import ServerConfig
+from serving.metrics import CONTENT_TYPE, Metrics
+from serving.session import softmax, top_labels
+from serving.validation import INPUT_NAME, Limits, RequestError, decode_json, parse_infer, parse_predict
+
+log = logging.getLogger("serving")
+MODEL_VERSION = "1"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Model(Protocol):
+    """What the server needs from a model: `ArtifactSession` is one."""
+
+    labels: list[str]
+
+    def logits(self, texts: list[str]) -> np.ndarray: ...
+
+
+def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
+    body = json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    return Response(body, status, headers=headers, media_type="application/json")
+
+
+def error_response(status: int, message: str, headers: dict | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with a 413 as soon as it is known to exceed `limit` (from Content-Length, or while
+    streaming a chunked body), without reading the rest."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"request body is {int(declared)} bytes; at most {limit}", "body_too_large")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise RequestError(413, f"request body exceeds {limit} bytes", "body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise RequestError(400, "client disconnected while sending the body", "disconnected") from None
+    return b"".join(chunks)
+
+
+def _scores(logits: np.ndarray, function: str) -> np.ndarray:
+    if function == "softmax":
+        return softmax(logits)
+    if function == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-logits))
+    return logits
+
+
+class Service:
+    """The served model behind its batcher, and the request handlers."""
+
+    def __init__(self, config: ServerConfig, model: Model, model_name: str) -> None:
+        self.config = config
+        self.model = model
+        self.name = model_name
+        self.labels = list(model.labels)
+        self.limits = Limits(config.max_items, config.max_text_chars)
+        self.batcher = MicroBatcher(model.logits, config.max_batch, config.max_wait_ms / 1000, config.max_queue)
+        self.metrics = Metrics(model_name, config.precision, lambda: self.batcher.queued)
+        self.batcher.on_batch = self.metrics.observe_batch
+        self._key = config.api_key.encode() if config.api_key else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette):
+        await self.batcher.start()
+        try:
+            yield
+        finally:
+            if self.batcher.queued:
+                log.info("shutting down: finishing %d queued requests", self.batcher.queued)
+            await self.batcher.stop()
+
+    # -- the wrapper every route goes through -------------------------------------------------------------
+    def endpoint(self, name: str, handler: Handler, auth: bool = True) -> Handler:
+        async def run(request: Request) -> Response:
+            start = time.perf_counter()
+            reason = None
+            try:
+                if auth:
+                    self._authorize(request)
+                response = await handler(request)
+            except RequestError as e:
+                reason = e.reason
+                headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+                if e.status == 413:  # the unread rest of the body must not be taken for the next request
+                    headers = {"Connection": "close"}
+                response = error_response(e.status, e.message, headers)
+            except (QueueFull, ShuttingDown) as e:
+                reason = "queue_full" if isinstance(e, QueueFull) else "shutting_down"
+                response = error_response(503, str(e), {"Retry-After": "1"})
+            except Exception as e:
+                log.exception("%s failed", name)
+                reason = "internal"
+                response = error_response(500, f"internal error: {type(e).__name__}")
+            self.metrics.observe_request(name, response.status_code, time.perf_counter() - start, reason)
+            return response
+
+        return run
+
+    def _authorize(self, request: Request) -> None:
+        if self._key is None:
+            return
+        given = request.headers.get("x-api-key")
+        if given is None:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            given = token.strip() if scheme.lower() == "bearer" else ""
+        if not hmac.compare_digest(given.encode("latin-1", "replace"), self._key):
+            raise RequestError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'X-API-Key: KEY')",
+                               "unauthorized")
+
+    def _check_model(self, request: Request) -> None:
+        name = request.path_params["name"]
+        if name != self.name:
+            raise RequestError(404, f"unknown model {name[:100]!r}; this server serves {self.name!r}", "unknown_model")
+        version = request.path_params.get("version", MODEL_VERSION)
+        if version != MODEL_VERSION:
+            raise RequestError(404, f"unknown version {version[:40]!r} of model {self.name!r}; versions: "
+                                    f"{MODEL_VERSION}", "unknown_version")
+
+    # -- handlers -------------------------------------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        return json_response({"live": True})
+
+    async def ready(self, request: Request) -> Response:
+        if self.batcher.running:
+            return json_response({"ready": True})
+        return json_response({"ready": False, "error": "the model worker is not running"}, 503)
+
+    async def server_metadata(self, request: Request) -> Response:
+        try:
+            version = metadata.version("encoder-deploy")
+        except metadata.PackageNotFoundError:
+            version = "unknown"
+        return json_response({"name": "encoder-deploy-serving", "version": version, "extensions": []})
+
+    async def model_metadata(self, request: Request) -> Response:
+        self._check_model(request)
+        n = len(self.labels)
+        return json_response({
+            "name": self.name,
+            "versions": [MODEL_VERSION],
+            "platform": "onnxruntime_onnx",
+            "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
+            "outputs": [
+                {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                {"name": "probabilities", "datatype": "FP32", "shape": [-1, n]},
+                {"name": "logits", "datatype": "FP32", "shape": [-1, n]},
+            ],
+            "parameters": {"labels": self.labels, "precision": self.config.precision,
+                           "max_tokens": self.config.max_length, "max_batch": self.config.max_batch},
+        })
+
+    async def model_ready(self, request: Request) -> Response:
+        self._check_model(request)
+        ready = self.batcher.running
+        return json_response({"name": self.name, "ready": ready}, 200 if ready else 503)
+
+    async def infer(self, request: Request) -> Response:
+        self._check_model(request)
+        req = parse_infer(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits)
+        logits = await self.batcher.submit(req.texts)
+        n, k = logits.shape
+        tensors = {
+            "label": ("BYTES", [n], lambda: [self.labels[i] for i in logits.argmax(-1)]),
+            "probabilities": ("FP32", [n, k], lambda: softmax(logits).ravel().tolist()),
+            "logits": ("FP32", [n, k], lambda: logits.ravel().tolist()),
+        }
+        outputs = [{"name": o, "datatype": tensors[o][0], "shape": tensors[o][1], "data": tensors[o][2]()}
+                   for o in req.outputs]
+        out = {"model_name": self.name, "model_version": MODEL_VERSION, "outputs": outputs}
+        if req.id is not None:
+            out["id"] = req.id
+        return json_response(out)
+
+    async def predict(self, request: Request) -> Response:
+        req = parse_predict(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits)
+        logits = await self.batcher.submit(req.texts)
+        result = top_labels(_scores(logits, req.function), self.labels, req.top_k)
+        return json_response(result[0] if req.single else result)
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- errors outside the handlers: unknown paths and methods -----------------------------------------------
+    async def http_error(self, request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path[:200]}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path[:200]}"
+        else:
+            message = str(exc.detail)
+        reason = "no_route" if exc.status_code in (404, 405) else "http"
+        self.metrics.observe_request("other", exc.status_code, 0.0, reason)
+        return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+    async def server_error(self, request: Request, exc: Exception) -> Response:
+        self.metrics.observe_request("other", 500, 0.0, "internal")
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+def build_app(config: ServerConfig, model: Model, model_name: str) -> Starlette:
+    """The ASGI app serving `model` as `model_name` (the batcher starts and stops with the app's lifespan)."""
+    s = Service(config, model, model_name)
+    model_paths = ["/v2/models/{name}", "/v2/models/{name}/versions/{version}"]
+    routes = [
+        Route("/predict", s.endpoint("predict", s.predict), methods=["POST"]),
+        Route("/metrics", s.endpoint("metrics", s.metrics_page), methods=["GET"]),
+        Route("/v2", s.endpoint("metadata", s.server_metadata), methods=["GET"]),
+    ]
+    for prefix in ("/v2/health", "/health"):
+        routes += [Route(f"{prefix}/live", s.endpoint("health", s.live, auth=False), methods=["GET"]),
+                   Route(f"{prefix}/ready", s.endpoint("health", s.ready, auth=False), methods=["GET"])]
+    for path in model_paths:
+        routes += [Route(path, s.endpoint("metadata", s.model_metadata), methods=["GET"]),
+                   Route(f"{path}/ready", s.endpoint("health", s.model_ready), methods=["GET"]),
+                   Route(f"{path}/infer", s.endpoint("infer", s.infer), methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=s.lifespan,
+                    exception_handlers={HTTPException: s.http_error, Exception: s.server_error})
+    app.state.service = s
+    return app
+

@@ -1,0 +1,86 @@
+"""Server settings: one frozen dataclass (no pydantic, to keep the serving image small) and the core count."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+API_KEY_ENV = "SERVING_API_KEY"
+
+
+def available_cores() -> int:
+    """Cores this process may use: its CPU affinity, capped by a cgroup v2 quota (`docker run --cpus`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `python -m serving` and `pipeline serve` accept.
+
+    Attributes:
+        artifact: the artifact folder (checked against its manifest.json at start-up).
+        host: address to bind; loopback unless told otherwise.
+        port: TCP port (0: any free port, printed at start-up).
+        precision: "fp32" (model.onnx) or "int8" (model.int8.onnx).
+        model_name: the name in the Open Inference Protocol URLs; default: the artifact's name.
+        api_key: when set, every endpoint except health needs `Authorization: Bearer KEY` or `X-API-Key: KEY`.
+        max_batch: most texts in one ONNX Runtime call.
+        max_wait_ms: how long the batcher waits for more requests once one arrived and the batch is not full.
+        max_queue: most requests waiting for the model (beyond the batch being computed); more get a 503.
+        threads: ONNX Runtime intra-op threads; default: the cores available to the process.
+        max_body_bytes: larger request bodies get a 413, without being read in full.
+        max_items: most texts in one request.
+        max_text_chars: longest text in characters; longer texts get a 413.
+        max_length: tokens per text; longer tokenised texts are truncated to it, keeping the start.
+        graceful_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may take to finish.
+        access_log: log one line per request (off by default: it costs throughput).
+    """
+
+    artifact: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    precision: str = "fp32"
+    model_name: str | None = None
+    api_key: str | None = None
+    max_batch: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+    threads: int | None = None
+    max_body_bytes: int = 1 << 20
+    max_items: int = 64
+    max_text_chars: int = 10_000
+    max_length: int = 128
+    graceful_timeout_s: float = 30.0
+    access_log: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "artifact", Path(self.artifact))
+        if self.precision not in ("fp32", "int8"):
+            raise ValueError(f"precision must be fp32 or int8, not {self.precision!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, not {self.port}")
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_items", "max_text_chars", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        if self.max_wait_ms < 0 or self.graceful_timeout_s < 0:
+            raise ValueError("max-wait-ms and graceful-timeout must not be negative")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, not {self.threads}")
+        if self.api_key == "":
+            object.__setattr__(self, "api_key", None)
+
+    @property
+    def intra_op_threads(self) -> int:
+        return self.threads or available_cores()

@@ -1,0 +1,111 @@
+"""Start-up: check and load the artifact, bind the socket, run uvicorn until SIGTERM/SIGINT, then drain.
+
+Start-up problems (a tampered or incomplete artifact, a port in use) end the process with exit code 2 and one
+`error:` line on stderr. On SIGTERM or SIGINT uvicorn stops accepting connections, lets in-flight requests
+finish (up to `graceful_timeout_s`), and the app's lifespan then drains the batcher's queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+from serving.config import ServerConfig
+from serving.session import ArtifactError, ArtifactSession
+
+log = logging.getLogger("serving")
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one line printed."""
+
+
+def model_name(config: ServerConfig) -> str:
+    if config.model_name:
+        return config.model_name
+    try:
+        return json.loads((config.artifact / "manifest.json").read_text())["artifact"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return config.artifact.resolve().name
+
+
+def load_model(config: ServerConfig) -> ArtifactSession:
+    """The artifact's session (integrity-checked against manifest.json), warmed up with one call."""
+    if not config.artifact.is_dir():
+        raise StartupError(f"artifact folder not found: {config.artifact}")
+    try:
+        session = ArtifactSession(config.artifact, config.precision, threads=config.intra_op_threads,
+                                  max_length=config.max_length, spinning=False)
+    except ArtifactError as e:
+        raise StartupError(f"refusing to serve: {e}") from None
+    except Exception as e:  # ORT or tokenizers could not read a file that matches the manifest
+        first_line = (str(e).splitlines() or [""])[0][:300]
+        raise StartupError(f"cannot load {config.artifact}: {type(e).__name__}: {first_line}") from None
+    session.logits(["warm-up"])  # the first ORT run allocates; keep it out of the first request's latency
+    return session
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # connections made from now on wait in the backlog until uvicorn accepts them
+    return sock
+
+
+def _setup_logging() -> None:
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    log.propagate = False
+
+
+def serve(config: ServerConfig) -> int:
+    """Run the server until it is stopped; returns the exit code."""
+    _setup_logging()
+    # The tokenizer's thread pool (rayon) would otherwise size itself to every CPU on the host, not the quota.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(config.intra_op_threads))
+    import uvicorn
+
+    from serving.app import build_app
+
+    try:
+        model = load_model(config)
+        sock = bind(config.host, config.port)
+    except StartupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = model_name(config)
+    host, port = sock.getsockname()[:2]
+    app = build_app(config, model, name)
+    uv = uvicorn.Server(uvicorn.Config(
+        app, lifespan="on", access_log=config.access_log, log_level="info" if config.access_log else "warning",
+        timeout_graceful_shutdown=config.graceful_timeout_s, server_header=False,
+    ))
+    if config.api_key is None and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("listening on %s without an API key", host)
+    url_host = f"[{host}]" if ":" in host else host
+    log.info("serving %s (%s, %s intra-op threads, max batch %d, max wait %g ms, max queue %d) on http://%s:%d",
+             name, config.precision, config.intra_op_threads, config.max_batch, config.max_wait_ms, config.max_queue,
+             url_host, port)
+    # uvicorn re-raises the signal that stopped it once it has drained; answered by a no-op here, the process
+    # logs and exits 0 after a graceful stop instead of dying of that signal.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+    uv.run(sockets=[sock])
+    log.info("stopped")
+    return 0

@@ -1,0 +1,151 @@
+"""Property-based fuzzing of request handling: no body, however shaped, gets a 5xx or stops the server.
+
+Two levels: the parsers alone (many examples, fast) raise nothing but `RequestError` with a 4xx; and the real
+app on a loopback port answers random JSON shapes, strings and raw bytes with a 200 or a 4xx JSON error.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
+
+from serving.validation import Limits, RequestError, decode_json, parse_infer, parse_predict
+from tests.serving_helpers import ThreadServer, tiny_artifact
+
+# Hypothesis keeps caches in ./.hypothesis; not in the checkout.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "hypothesis-encoder-deploy")
+LIMITS = Limits(max_items=8, max_text_chars=200)
+FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+texts = st.one_of(st.text(max_size=40), st.text(max_size=250), st.sampled_from(["\ud800", "a\udfffb", "\x00", ""]))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), texts)
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+parameters = st.one_of(st.none(), json_values, st.fixed_dictionaries({}, optional={
+    "top_k": st.one_of(st.integers(-2, 4), st.none(), json_values),
+    "function_to_apply": st.one_of(st.sampled_from(["softmax", "sigmoid", "none", "tanh"]), json_values),
+}))
+inputs = st.one_of(texts, st.lists(texts, max_size=10), json_values)
+predict_bodies = st.one_of(
+    st.fixed_dictionaries({"inputs": inputs}, optional={"parameters": parameters}),  # mostly well-formed
+    st.fixed_dictionaries({}, optional={"inputs": inputs, "parameters": parameters, "options": json_values}),
+    json_values,
+)
+text_data = st.lists(texts, max_size=10)
+tensors = st.one_of(
+    text_data.map(lambda d: {"name": "text", "datatype": "BYTES", "shape": [len(d)], "data": d}),
+    text_data.map(lambda d: {"name": "text", "datatype": "BYTES", "shape": [len(d), 1], "data": [[t] for t in d]}),
+    st.fixed_dictionaries({}, optional={
+        "name": st.one_of(st.just("text"), json_values),
+        "shape": st.one_of(st.lists(st.integers(-1, 10), max_size=3), json_values),
+        "datatype": st.one_of(st.sampled_from(["BYTES", "FP32", "INT64"]), json_values),
+        "data": st.one_of(st.lists(st.one_of(texts, st.lists(texts, max_size=2)), max_size=10), json_values),
+        "parameters": json_values,
+    }),
+)
+output_names = st.sampled_from(["label", "probabilities", "logits", "x"])
+infer_bodies = st.one_of(
+    st.fixed_dictionaries({"inputs": st.lists(tensors, min_size=1, max_size=1)}, optional={
+        "id": st.one_of(st.text(max_size=10), st.none()),
+        "outputs": st.lists(st.fixed_dictionaries({"name": output_names}), max_size=3),
+    }),
+    st.fixed_dictionaries({}, optional={
+        "id": json_values, "inputs": st.one_of(st.lists(tensors, max_size=2), json_values),
+        "outputs": json_values, "parameters": json_values,
+    }),
+    json_values,
+)
+
+
+def _encode(value) -> bytes:
+    return json.dumps(value).encode()  # ensure_ascii: lone surrogates travel as \ud800 escapes
+
+
+raw_bodies = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda v, cut: _encode(v)[:cut], predict_bodies, st.integers(0, 60)),  # truncated JSON
+    st.builds(lambda v, junk: _encode(v) + junk, predict_bodies, st.binary(min_size=1, max_size=4)),
+)
+
+
+def _parse(parser, body: bytes):
+    try:
+        return parser(decode_json(body), LIMITS)
+    except RequestError as e:
+        assert 400 <= e.status < 500 and e.message and e.reason
+        return None
+
+
+@FUZZ
+@given(st.one_of(predict_bodies.map(_encode), raw_bodies))
+def test_predict_parser_raises_only_request_errors(body):
+    req = _parse(parse_predict, body)
+    if req is not None:
+        assert 1 <= len(req.texts) <= LIMITS.max_items and all(isinstance(t, str) for t in req.texts)
+
+
+@FUZZ
+@given(st.one_of(infer_bodies.map(_encode), raw_bodies))
+def test_infer_parser_raises_only_request_errors(body):
+    req = _parse(parse_infer, body)
+    if req is not None:
+        assert 1 <= len(req.texts) <= LIMITS.max_items and req.outputs
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    from serving.app import build_app
+    from serving.config import ServerConfig
+    from serving.session import ArtifactSession
+
+    artifact = tiny_artifact(tmp_path_factory.getbasetemp() / "serving")
+    config = ServerConfig(artifact=artifact, max_items=LIMITS.max_items, max_text_chars=LIMITS.max_text_chars,
+                          max_body_bytes=4096, max_wait_ms=0)
+    with ThreadServer(build_app(config, ArtifactSession(artifact), "tiny")) as srv:
+        yield srv.url
+
+
+@pytest.fixture(scope="module")
+def http(server_url):
+    with httpx.Client(base_url=server_url, timeout=60) as c:
+        yield c
+
+
+def _check(response: httpx.Response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code != 200:
+        assert response.status_code in (400, 404, 413, 422), response.status_code
+        assert isinstance(response.json()["error"], str)
+
+
+@settings(FUZZ, max_examples=120)
+@given(st.one_of(predict_bodies.map(_encode), raw_bodies))
+def test_http_predict_never_fails_on_the_server(http, body):
+    response = http.post("/predict", content=body)
+    _check(response)
+    if response.status_code == 200:
+        assert isinstance(response.json(), list)
+
+
+@settings(FUZZ, max_examples=120)
+@given(st.one_of(infer_bodies.map(_encode), raw_bodies),
+       st.sampled_from(["tiny", "tiny/versions/1", "other", "tiny/versions/x"]))
+def test_http_infer_never_fails_on_the_server(http, body, model):
+    response = http.post(f"/v2/models/{model}/infer", content=body)
+    _check(response)
+    if response.status_code == 200:
+        assert response.json()["model_name"] == "tiny"
+
+
+def test_server_still_ready_after_fuzzing(http):
+    assert http.get("/v2/health/ready").json() == {"ready": True}
+    assert http.post("/predict", json={"inputs": "fine"}).status_code == 200
