@@ -123,10 +123,14 @@ class HeadlessAttention(nn.Module):
 
 
 def new_linear(in_features: int, out_features: int, dtype: torch.dtype = torch.float32, bias: bool = True) -> nn.Linear:
-    """An uninitialised Linear whose weights are copied or loaded next; zero widths are legal here."""
+    """A zero-filled Linear whose weights are copied or loaded next (no random init; zero widths are legal)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-        return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+        lin = nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+    with torch.no_grad():
+        for p in lin.parameters():
+            p.zero_()  # never leave uninitialised memory behind, even where the caller copies only part
+    return lin
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
