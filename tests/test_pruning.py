@@ -18,19 +18,11 @@ from pipeline.methods.smp.stage import apply as smp_apply
 from pipeline.modeling import encoder_layers, ffn_widths, head_counts, load_model, save_model
 from pipeline.stage import StageContext
 from pipeline.testing import tiny_model, tiny_tokenizer
+from tests.test_compaction import _logits
 
 ATOL = 1e-5
 LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
            "intermediate.dense", "output.dense")
-
-
-def _logits(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 300, (4, 12), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits
 
 
 def _context(kind="bert", teacher=None):
