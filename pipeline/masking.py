@@ -19,7 +19,6 @@ SMP-S, which splits the budget across the layers of each kind by the soft count 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -352,7 +351,3 @@ def _matrix_grid(lin: MaskedLinear, granularity: str, block: tuple[int, int], wh
     if out % r or inp % c:
         raise PipelineError(f"block {r}x{c} does not divide {where} ({out}x{inp})")
     return (out // r, inp // c), [(lin, Layout("blocks", block=(r, c)))]
-
-
-def masked_modules(model: nn.Module) -> Iterator[MaskedLinear]:
-    return (m for m in model.modules() if isinstance(m, MaskedLinear))

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from pipeline.config import TrainConfig
 from pipeline.encoding import Encoded, iter_batches
+from pipeline.errors import PipelineError
 from pipeline.evaluation import predict_logits, scores
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,28 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, t_logits: torch.Tensor
     alpha, t = cfg.kd_alpha, cfg.kd_temperature
     if t_logits is None or alpha == 0:
         return ce
-    kd = F.kl_div(F.log_softmax(logits / t, -1), F.log_softmax(t_logits / t, -1), log_target=True, reduction="batchmean")
-    return (1 - alpha) * ce + alpha * t * t * kd
+    return (1 - alpha) * ce + alpha * output_kd_loss(logits, t_logits, t)
+
+
+def output_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton KD: T² · KL(softmax(t/T) ‖ softmax(s/T)), averaged over rows (all dims but the last).
+
+    The paper writes CE(teacher, student); that differs from this KL by the teacher's entropy, a constant for
+    the student, so the gradients are identical and KL just reads 0 at a perfect match. T² keeps the gradient
+    scale independent of T. Token logits (B, T, V) are averaged per token, not summed over tokens.
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise PipelineError(f"KD temperature must be a positive number, got {temperature!r}")
+    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
+        raise PipelineError(
+            f"student and teacher logits must share one (..., classes) shape, got {tuple(student_logits.shape)} "
+            f"and {tuple(teacher_logits.shape)}"
+        )
+    n = student_logits.shape[-1]
+    log_s = F.log_softmax(student_logits.float().reshape(-1, n) / temperature, dim=-1)
+    log_t = F.log_softmax(teacher_logits.detach().float().reshape(-1, n) / temperature, dim=-1)
+    kl = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
+    return temperature * temperature * kl
 
 
 def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.errors import PipelineError
+from pipeline.training import output_kd_loss  # noqa: F401  (shared with the task loss; tested here)
 
 STRATEGIES = ("single", "last", "uniform", "uniform_cons", "uniform_last")
 QKV = "QKV"
@@ -246,24 +247,3 @@ def hidden_loss(
 
 
 # --- output distribution (comparison paper eq. 5) -------------------------------------------------------------
-
-
-def output_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Hinton KD: T² · KL(softmax(t/T) ‖ softmax(s/T)), averaged over rows (all dims but the last).
-
-    The paper writes CE(teacher, student); that differs from this KL by the teacher's entropy, a constant for
-    the student, so the gradients are identical and KL just reads 0 at a perfect match. T² keeps the gradient
-    scale independent of T. Token logits (B, T, V) are averaged per token, not summed over tokens.
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise PipelineError(f"KD temperature must be a positive number, got {temperature!r}")
-    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
-        raise PipelineError(
-            f"student and teacher logits must share one (..., classes) shape, got {tuple(student_logits.shape)} "
-            f"and {tuple(teacher_logits.shape)}"
-        )
-    n = student_logits.shape[-1]
-    log_s = F.log_softmax(student_logits.float().reshape(-1, n) / temperature, dim=-1)
-    log_t = F.log_softmax(teacher_logits.detach().float().reshape(-1, n) / temperature, dim=-1)
-    kl = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
-    return temperature * temperature * kl
