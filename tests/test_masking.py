@@ -27,6 +27,12 @@ def test_cubic_schedule_hand_values():
     sched = prune_schedule(cfg, 100)
     assert list(sched) == [20, 40, 60, 80]
     assert [round(v, 5) for v in sched.values()] == [0.7, round(0.9 - 0.2 * (2 / 3) ** 3, 5), round(0.9 - 0.2 / 27, 5), 0.9]
+    # Starting from the fine-tuned teacher, no dense cycle: 100 steps in 2 cycles -> pruning at 0, 20, 40, 50
+    # (cubic 0.9 - 0.6 (1 - t/50)^3: 0.3, 0.9 - 0.6 * 0.216, 0.9 - 0.6 * 0.008, 0.9), fixed after 50.
+    cfg = GmpConfig(sparsity=0.9, initial_sparsity=0.3, dense_cycles=0, train=TrainConfig(max_steps=100, cycles=2))
+    sched = prune_schedule(cfg, 100)
+    assert list(sched) == [0, 20, 40, 50]
+    assert [round(v, 5) for v in sched.values()] == [0.3, 0.7704, 0.8952, 0.9]
 
 
 def test_learning_rate_rewarms_every_cycle():

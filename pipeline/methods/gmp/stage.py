@@ -16,13 +16,13 @@ log = logging.getLogger(__name__)
 
 
 def prune_schedule(cfg: GmpConfig, steps: int) -> dict[int, float]:
-    """Sparsity at each mask-update step: the first cycle is dense, the last at a fixed mask.
+    """Sparsity at each mask-update step: the first `dense_cycles` are dense, the last at a fixed mask.
 
-    Updates run every `prune_every` steps from the end of the first learning-rate cycle (the jump to
+    Updates run every `prune_every` steps from the end of the dense learning-rate cycles (the jump to
     `initial_sparsity`) to the start of the last one (the target), following the cubic ramp in between.
     """
     bounds = cycle_bounds(steps, cfg.train.cycles)
-    t0, t1 = bounds[1], bounds[-2]
+    t0, t1 = bounds[cfg.dense_cycles], bounds[-2]
     if t1 - t0 < cfg.prune_every:
         raise PipelineError(
             f"gmp: the pruning window ({t1 - t0} of {steps} steps) is shorter than prune_every {cfg.prune_every}"
