@@ -172,6 +172,7 @@ def train(
             if dev_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
                 entry.update(scores(predict_logits(model, dev_enc), dev_enc.labels))
                 model.train()
+                log.info("%s: step %d/%d, dev accuracy %.2f", desc, step, steps, entry["accuracy"])
             result.history.append(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{running:.4f}")
