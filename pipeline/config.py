@@ -37,6 +37,9 @@ class TrainConfig(FrozenModel):
         eval_every: evaluate on dev every N steps (0: only at the end).
         kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
         kd_temperature: softmax temperature of the distillation term.
+        layer_kd: weight of the hidden-state MSE of every layer to the teacher's same layer, added to the loss
+            (0: off). For students that keep the teacher's depth and width (pruning, MLP Fusion); `distill`
+            has its own hidden-state transfer (`config.hidden`).
         seed: seeds data order, dropout and initialisation.
         device: `auto` (CUDA when present), `cpu` or `cuda`.
     """
@@ -52,6 +55,7 @@ class TrainConfig(FrozenModel):
     eval_every: int = Field(0, ge=0)
     kd_alpha: float = Field(0.0, ge=0, le=1)
     kd_temperature: float = Field(2.0, gt=0)
+    layer_kd: float = Field(0.0, ge=0)
     seed: int = 0
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
 

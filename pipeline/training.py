@@ -21,6 +21,7 @@ from pipeline.config import TrainConfig
 from pipeline.encoding import Encoded, iter_batches
 from pipeline.errors import PipelineError
 from pipeline.evaluation import predict_logits, scores
+from pipeline.kd import hidden_loss, output_kd_loss
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +63,30 @@ def cycle_bounds(steps: int, cycles: int) -> list[int]:
 
 
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
-    """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0."""
-    use_kd = teacher is not None and cfg.kd_alpha > 0
+    """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0, plus
+    `layer_kd` × the hidden-state MSE of every layer to the teacher's same layer when `layer_kd` > 0."""
+    use_kd = teacher is not None and (cfg.kd_alpha > 0 or cfg.layer_kd > 0)
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        logits = model(**inputs).logits
+        hidden = use_kd and cfg.layer_kd > 0
+        out = model(**inputs, output_hidden_states=hidden)
         if not use_kd:
-            return F.cross_entropy(logits, batch["labels"])
+            return F.cross_entropy(out.logits, batch["labels"])
         with torch.no_grad():
-            t_logits = teacher(**inputs).logits
-        return task_loss(logits, batch["labels"], t_logits, cfg)
+            t_out = teacher(**inputs, output_hidden_states=hidden)
+        loss = task_loss(out.logits, batch["labels"], t_out.logits, cfg)
+        if hidden:
+            if len(out.hidden_states) != len(t_out.hidden_states):
+                raise PipelineError(
+                    f"layer_kd needs the teacher's depth: student {len(out.hidden_states) - 1} layers, "
+                    f"teacher {len(t_out.hidden_states) - 1}"
+                )
+            layers = {i: [i] for i in range(1, len(out.hidden_states))}
+            loss = loss + cfg.layer_kd * hidden_loss(
+                out.hidden_states, t_out.hidden_states, layers, None, inputs["attention_mask"]
+            )
+        return loss
 
     return loss_fn
 
@@ -84,27 +98,6 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, t_logits: torch.Tensor
     if t_logits is None or alpha == 0:
         return ce
     return (1 - alpha) * ce + alpha * output_kd_loss(logits, t_logits, t)
-
-
-def output_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Hinton KD: T² · KL(softmax(t/T) ‖ softmax(s/T)), averaged over rows (all dims but the last).
-
-    The paper writes CE(teacher, student); that differs from this KL by the teacher's entropy, a constant for
-    the student, so the gradients are identical and KL just reads 0 at a perfect match. T² keeps the gradient
-    scale independent of T. Token logits (B, T, V) are averaged per token, not summed over tokens.
-    """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise PipelineError(f"KD temperature must be a positive number, got {temperature!r}")
-    if student_logits.shape != teacher_logits.shape or student_logits.dim() < 2:
-        raise PipelineError(
-            f"student and teacher logits must share one (..., classes) shape, got {tuple(student_logits.shape)} "
-            f"and {tuple(teacher_logits.shape)}"
-        )
-    n = student_logits.shape[-1]
-    log_s = F.log_softmax(student_logits.float().reshape(-1, n) / temperature, dim=-1)
-    log_t = F.log_softmax(teacher_logits.detach().float().reshape(-1, n) / temperature, dim=-1)
-    kl = F.kl_div(log_s, log_t, log_target=True, reduction="batchmean")
-    return temperature * temperature * kl
 
 
 def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:

@@ -55,6 +55,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         (["--method", "smp", "--task", "sst2", "--steps", "100"], "prune_steps 420 is longer than the training budget"),
         (["--method", "gmp", "--task", "sst2", "--set", "config.prune_every=900"], "prune_every 900 is longer than the pruning window"),
         (["--method", "gmp", "--task", "sst2", "--set", "config.dense_cycles=4"], "train.cycles must be at least dense_cycles + 2 = 6"),
+        (["--method", "distill", "--task", "sst2", "--set", "config.train.layer_kd=1"], "distill's hidden-state transfer is `hidden`"),
         (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
         (["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"], "relation heads 5 do not divide the Q/K/V width 384"),
         (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=7"], "student layers 7 must be between 1 and the teacher's 6"),

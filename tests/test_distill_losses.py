@@ -299,6 +299,8 @@ def test_hidden_projections_start_as_identity_at_equal_widths():
             diff = (student[i] - teacher[j])[MASK.bool()]
             plain += diff.square().mean().item()
     assert hidden_loss(student, teacher, mapping, projections, MASK).item() == pytest.approx(plain, rel=1e-6)
+    assert hidden_loss(student, teacher, mapping, None, MASK).item() == pytest.approx(plain, rel=1e-6)  # no projections
+    raises_one_line(hidden_loss, hidden_tuple(12, 6, 16), teacher, mapping, None, MASK, match="do not match")
     same = {i: [i] for i in range(1, 7)}  # a student that is the teacher's first 6 layers: exactly 0
     assert hidden_loss(teacher[:7], teacher, same, HiddenProjections(same, 32, 32), MASK).item() == 0.0
 

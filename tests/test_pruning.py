@@ -9,7 +9,8 @@ import torch
 from pipeline.compaction import compact_
 from pipeline.config import MaskConfig, TrainConfig
 from pipeline.data import load_task_data
-from pipeline.encoding import encode_task
+from pipeline.encoding import encode_task, iter_batches
+from pipeline.errors import PipelineError
 from pipeline.masking import Masker, MaskedLinear
 from pipeline.methods.gmp.config import GmpConfig
 from pipeline.methods.gmp.stage import apply as gmp_apply
@@ -17,6 +18,7 @@ from pipeline.methods.smp.config import SmpConfig
 from pipeline.methods.smp.stage import apply as smp_apply
 from pipeline.modeling import encoder_layers, ffn_widths, head_counts, load_model, save_model
 from pipeline.stage import StageContext
+from pipeline.training import classification_loss
 from pipeline.testing import tiny_model, tiny_tokenizer
 from tests.test_compaction import _logits
 
@@ -91,6 +93,27 @@ def test_gmp_reaches_uniform_target_sparsity_and_trains_weights():
     for key, w in after.items():  # uniform: every matrix keeps exactly floor(0.2 n) weights
         assert int((w != 0).sum()) == math.floor(0.2 * w.numel()), key
     assert any(not torch.equal(after[k][after[k] != 0], before[k][after[k] != 0]) for k in after)  # weights moved
+
+
+def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
+    ctx = _context()
+    batch = next(iter_batches(ctx.train, 8, shuffle=False))
+    student = copy.deepcopy(ctx.teacher)
+    with torch.no_grad():
+        encoder_layers(student)[1].output.dense.weight.mul_(0.5)  # only the last layer's output moves
+    plain = classification_loss(ctx.teacher, TrainConfig(kd_alpha=0.5))(student, batch)
+    layered = classification_loss(ctx.teacher, TrainConfig(kd_alpha=0.5, layer_kd=2.0))(student, batch)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    h_s = student(**inputs, output_hidden_states=True).hidden_states[2]
+    h_t = ctx.teacher(**inputs, output_hidden_states=True).hidden_states[2]
+    real = batch["attention_mask"].bool()
+    mse = (h_s - h_t)[real].square().mean()  # layer 1 is untouched, so its term is exactly 0
+    assert mse > 0 and layered.item() == pytest.approx(plain.item() + 2.0 * mse.item(), rel=1e-5)
+    assert classification_loss(ctx.teacher, TrainConfig(layer_kd=2.0))(ctx.teacher, batch).item() == pytest.approx(
+        classification_loss(ctx.teacher, TrainConfig())(ctx.teacher, batch).item(), rel=1e-6)  # the teacher: no term
+    shallow = tiny_model("bert", layers=1)
+    with pytest.raises(PipelineError, match="layer_kd needs the teacher's depth"):
+        classification_loss(ctx.teacher, TrainConfig(layer_kd=1.0))(shallow, batch)
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])

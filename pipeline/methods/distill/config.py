@@ -76,6 +76,8 @@ class DistillConfig(MethodConfig):
     def _some_signal(self) -> DistillConfig:
         if self.transfer_steps and not (self.relation or self.hidden):
             raise ValueError("transfer_steps needs a relation or hidden weight above 0 (the first phase has nothing else)")
+        if self.train.layer_kd:
+            raise ValueError("train.layer_kd is for students of the teacher's depth; distill's hidden-state transfer is `hidden`")
         return self
 
     def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
