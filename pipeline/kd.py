@@ -38,7 +38,7 @@ def output_kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, t
     return temperature * temperature * kl
 
 
-def _valid_tokens(attention_mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
+def valid_tokens(attention_mask: torch.Tensor, batch: int, tokens: int) -> torch.Tensor:
     """The (B, T) bool mask of real tokens; rejects a wrong shape or a batch with no real token."""
     if tuple(attention_mask.shape) != (batch, tokens):
         raise PipelineError(f"attention_mask has shape {tuple(attention_mask.shape)}, expected {(batch, tokens)}")
@@ -104,10 +104,10 @@ def hidden_loss(
     ref = student_hidden[0]
     if ref.dim() != 3:
         raise PipelineError(f"hidden states must be (batch, tokens, width), got shape {tuple(ref.shape)}")
-    valid = _valid_tokens(attention_mask, ref.shape[0], ref.shape[1])
+    valid = valid_tokens(attention_mask, ref.shape[0], ref.shape[1])
     weights = valid[..., None].float()
-    d_student = projections.d_student if projections is not None else teacher_hidden[0].shape[-1]
-    d_teacher = projections.d_teacher if projections is not None else teacher_hidden[0].shape[-1]
+    width = teacher_hidden[0].shape[-1]  # without projections both sides must have the teacher's width
+    d_student, d_teacher = (width, width) if projections is None else (projections.d_student, projections.d_teacher)
     denom = weights.sum() * d_teacher
     total = torch.zeros((), device=ref.device)
     n_student, n_teacher = len(student_hidden) - 1, len(teacher_hidden) - 1

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import PipelineError
-from pipeline.kd import HiddenProjections, _valid_tokens, hidden_loss, output_kd_loss  # noqa: F401  (shared; tested here)
+from pipeline.kd import HiddenProjections, valid_tokens, hidden_loss, output_kd_loss  # noqa: F401  (shared; tested here)
 
 STRATEGIES = ("single", "last", "uniform", "uniform_cons", "uniform_last")
 QKV = "QKV"
@@ -130,7 +130,7 @@ def relation_loss(
     (b_t, _, n_t, _), (b_s, _, n_s, _) = t_vecs[0].shape, s_vecs[0].shape
     if (b_t, n_t) != (b_s, n_s):
         raise PipelineError(f"teacher and student Q/K/V cover different (batch, tokens): {(b_t, n_t)} vs {(b_s, n_s)}")
-    valid = _valid_tokens(attention_mask, b_s, n_s)
+    valid = valid_tokens(attention_mask, b_s, n_s)
     rows = valid[:, None, :].float()  # (B, 1, T): real query rows
     denom = rows.sum() * relation_heads
     total = torch.zeros((), device=s_vecs[0].device)
