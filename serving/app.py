@@ -51,21 +51,34 @@ def error_response(status: int, message: str, headers: dict | None = None) -> Re
     return json_response({"error": message}, status, headers)
 
 
+# A refused body is still read (and dropped) up to this many bytes before the 413 goes out: closing a socket with
+# unread data resets the connection, and a client still sending would see the reset instead of the 413.
+DRAIN_BYTES = 1 << 20
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with a 413 as soon as it is known to exceed `limit` (from Content-Length, or while
-    streaming a chunked body), without reading the rest."""
+    """The body, refused with a 413 once it is known to exceed `limit` (from Content-Length, or while streaming a
+    chunked body). What follows is dropped, not kept, and read only up to `DRAIN_BYTES`."""
     declared = request.headers.get("content-length")
+    refused = None
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body is {int(declared)} bytes; at most {limit}", "body_too_large")
+        refused = RequestError(413, f"request body is {int(declared)} bytes; at most {limit}", "body_too_large")
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise RequestError(413, f"request body exceeds {limit} bytes", "body_too_large")
-            chunks.append(chunk)
+            if refused is None and size > limit:
+                refused = RequestError(413, f"request body exceeds {limit} bytes", "body_too_large")
+                chunks.clear()
+            if refused is None:
+                chunks.append(chunk)
+            elif size > limit + DRAIN_BYTES:
+                break
     except ClientDisconnect:
-        raise RequestError(400, "client disconnected while sending the body", "disconnected") from None
+        if refused is None:
+            raise RequestError(400, "client disconnected while sending the body", "disconnected") from None
+    if refused is not None:
+        raise refused
     return b"".join(chunks)
 
 

@@ -40,7 +40,7 @@ class ServerConfig:
         max_wait_ms: how long the batcher waits for more requests once one arrived and the batch is not full.
         max_queue: most requests waiting for the model (beyond the batch being computed); more get a 503.
         threads: ONNX Runtime intra-op threads; default: the cores available to the process.
-        max_body_bytes: larger request bodies get a 413, without being read in full.
+        max_body_bytes: larger request bodies get a 413; at most 1 MiB past the limit is read (and dropped) first.
         max_items: most texts in one request.
         max_text_chars: longest text in characters; longer texts get a 413.
         max_length: tokens per text; longer tokenised texts are truncated to it, keeping the start.
