@@ -17,7 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.errors import PipelineError
-from pipeline.kd import HiddenProjections, valid_tokens, hidden_loss, output_kd_loss  # noqa: F401  (shared; tested here)
+from pipeline.kd import (  # noqa: F401  (shared; tested here)
+    HiddenProjections,
+    hidden_loss,
+    output_kd_loss,
+    valid_tokens,
+)
 
 STRATEGIES = ("single", "last", "uniform", "uniform_cons", "uniform_last")
 QKV = "QKV"
