@@ -1,4 +1,4 @@
-"""Benchmark ``pipeline.methods.mlp_fusion.kmeans`` against sklearn's KMeans on FFN neuron features.
+"""Benchmark ``pipeline.compress.methods.mlp_fusion.kmeans`` against sklearn's KMeans on FFN neuron features.
 
 Each neuron i of an FFN layer becomes the feature vector ``[W1[i], b1[i], W2[:, i]]`` (the
 MLP Fusion clustering input). Sources:
@@ -24,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pipeline.methods.mlp_fusion.kmeans import kmeans_batched
+from pipeline.compress.methods.mlp_fusion.kmeans import kmeans_batched
 
 
 def minilm_features(max_layers: int) -> torch.Tensor:

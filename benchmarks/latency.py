@@ -4,6 +4,7 @@ Usage:
     python benchmarks/latency.py dense=dense.onnx pruned=pruned.onnx --vocab-size 30522 \
         [--batch 1 8 32] [--seq 32 128] [--max-runs 100] [--plot out.png] [--json out.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from export.benchmark import BenchConfig, benchmark, plot_latency, speedups  # noqa: E402
+from export.benchmark import benchmark, plot_latency, speedups
+from pipeline.config.schema import BenchSettings
 
 
 def _fail(msg: str) -> None:
@@ -48,20 +50,31 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     models = _parse_models(args.models)
 
-    cfg = BenchConfig(batch_sizes=tuple(args.batch), seq_lens=tuple(args.seq),
-                      max_runs=args.max_runs, min_runs=min(10, args.max_runs), threads=args.threads)
+    cfg = BenchSettings(
+        batch_sizes=tuple(args.batch),
+        seq_lens=tuple(args.seq),
+        max_runs=args.max_runs,
+        min_runs=min(10, args.max_runs),
+        threads=args.threads,
+    )
     result = benchmark(models, args.vocab_size, cfg)
 
     d = result["device"]
-    print(f"# {d['cpu']} | ORT {d['ort_version']} | providers {d['providers']} | "
-          f"threads {d['threads']} | spinning {d['spinning']} | interleaved")
+    print(
+        f"# {d['cpu']} | ORT {d['ort_version']} | providers {d['providers']} | "
+        f"threads {d['threads']} | spinning {d['spinning']} | interleaved"
+    )
     w = max(len("model"), *(len(n) for n in models))
-    print(f"{'model':<{w}}  {'provider':<10} {'batch':>5} {'seq':>5} {'runs':>5} "
-          f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'seq/s':>10}")
+    print(
+        f"{'model':<{w}}  {'provider':<10} {'batch':>5} {'seq':>5} {'runs':>5} "
+        f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'seq/s':>10}"
+    )
     for c in result["cells"]:
-        print(f"{c['model']:<{w}}  {c['provider'].replace('ExecutionProvider', ''):<10} "
-              f"{c['batch']:>5} {c['seq']:>5} {c['runs']:>5} {c['p50_ms']:>9.3f} "
-              f"{c['p90_ms']:>9.3f} {c['p99_ms']:>9.3f} {c['throughput_per_s']:>10.1f}")
+        print(
+            f"{c['model']:<{w}}  {c['provider'].replace('ExecutionProvider', ''):<10} "
+            f"{c['batch']:>5} {c['seq']:>5} {c['runs']:>5} {c['p50_ms']:>9.3f} "
+            f"{c['p90_ms']:>9.3f} {c['p99_ms']:>9.3f} {c['throughput_per_s']:>10.1f}"
+        )
     for s in result["skipped"]:
         print(f"skipped {s['model']} on {s['provider']}: {s['reason']}")
 
@@ -70,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\np50 speedup vs dense")
         print(f"{'model':<{w}}  {'provider':<10} {'batch':>5} {'seq':>5} {'speedup':>8}")
         for s in sp:
-            print(f"{s['model']:<{w}}  {s['provider'].replace('ExecutionProvider', ''):<10} "
-                  f"{s['batch']:>5} {s['seq']:>5} {s['speedup_p50']:>7.2f}x")
+            print(
+                f"{s['model']:<{w}}  {s['provider'].replace('ExecutionProvider', ''):<10} "
+                f"{s['batch']:>5} {s['seq']:>5} {s['speedup_p50']:>7.2f}x"
+            )
     elif "dense" not in models:
         print("\n(no model named 'dense'; speedup table skipped)")
 

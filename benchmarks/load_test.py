@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "sst2_sample" / "dev.tsv"
+DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -59,8 +59,10 @@ class Connection:
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n{self.extra}\r\n")
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{self.extra}\r\n"
+        )
         self.writer.write(head.encode() + body)
         status = int((await self.reader.readline()).split()[1])
         length, close = 0, False
@@ -81,8 +83,9 @@ class Connection:
             self.writer = None
 
 
-async def run_load(url: str, texts: list[str], n: int, concurrency: int, duration: float,
-                   headers: dict[str, str]) -> dict:
+async def run_load(
+    url: str, texts: list[str], n: int, concurrency: int, duration: float, headers: dict[str, str]
+) -> dict:
     """`n` requests (or until `duration` seconds pass) over `concurrency` connections."""
     parts = urlsplit(url)
     bodies = [json.dumps({"inputs": t}).encode() for t in texts]
@@ -120,9 +123,14 @@ async def run_load(url: str, texts: list[str], n: int, concurrency: int, duratio
     lat = np.array(latencies) * 1000
     done = len(latencies)
     return {
-        "requests": done, "seconds": elapsed, "throughput": done / elapsed, "concurrency": concurrency,
-        "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-        "errors": done - statuses.get(200, 0), "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "requests": done,
+        "seconds": elapsed,
+        "throughput": done / elapsed,
+        "concurrency": concurrency,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "errors": done - statuses.get(200, 0),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "labels": labels,
     }
 
@@ -158,20 +166,41 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
     session = ArtifactSession(artifact, precision, threads=threads or available_cores(), spinning=False)
     session.logits(texts[:batch])  # warm-up
     start = time.perf_counter()
-    scores = [session.predict(texts[i:i + batch]) for i in range(0, len(texts), batch)]
+    scores = [session.predict(texts[i : i + batch]) for i in range(0, len(texts), batch)]
     elapsed = time.perf_counter() - start
-    return {"texts": len(texts), "batch": batch, "seconds": elapsed, "throughput": len(texts) / elapsed,
-            "labels": [row[0] for chunk in scores for row in chunk]}
+    return {
+        "texts": len(texts),
+        "batch": batch,
+        "seconds": elapsed,
+        "throughput": len(texts) / elapsed,
+        "labels": [row[0] for chunk in scores for row in chunk],
+    }
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "serving", str(args.artifact), "--host", "127.0.0.1", "--port", "0",
-           "--precision", args.precision, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-           "--max-queue", str(max(256, 2 * args.concurrency))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "serving",
+        str(args.artifact),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--precision",
+        args.precision,
+        "--max-batch",
+        str(args.max_batch),
+        "--max-wait-ms",
+        str(args.max_wait_ms),
+        "--max-queue",
+        str(max(256, 2 * args.concurrency)),
+    ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
@@ -224,10 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     batches = after.get("serving_batch_size_count", 0) - before.get("serving_batch_size_count", 0)
     if batches:
         server["mean_batch_texts"] = (after["serving_batch_size_sum"] - before["serving_batch_size_sum"]) / batches
-    print(f"server: {server['requests']} requests at concurrency {args.concurrency} in {server['seconds']:.1f} s: "
-          f"{server['throughput']:.1f} req/s, p50 {server['p50_ms']:.1f} ms, p99 {server['p99_ms']:.1f} ms, "
-          f"errors {server['errors']} (status counts {server['statuses']})"
-          + (f", mean batch {server['mean_batch_texts']:.1f} texts" if batches else ""))
+    print(
+        f"server: {server['requests']} requests at concurrency {args.concurrency} in {server['seconds']:.1f} s: "
+        f"{server['throughput']:.1f} req/s, p50 {server['p50_ms']:.1f} ms, p99 {server['p99_ms']:.1f} ms, "
+        f"errors {server['errors']} (status counts {server['statuses']})"
+        + (f", mean batch {server['mean_batch_texts']:.1f} texts" if batches else "")
+    )
     result = {"server": server, "url": url, "precision": args.precision, "max_batch": args.max_batch}
     if not args.no_baseline:
         sent = [texts[i % len(texts)] for i in range(server["requests"])]
@@ -235,12 +266,21 @@ def main(argv: list[str] | None = None) -> int:
         bare_labels = bare.pop("labels")
         same = [i for i, top in served_labels.items() if top["label"] == bare_labels[i]["label"]]
         diff = max((abs(top["score"] - bare_labels[i]["score"]) for i, top in served_labels.items()), default=0.0)
-        result.update(bare=bare, ratio=server["throughput"] / bare["throughput"],
-                      labels_equal=len(same), labels_compared=len(served_labels), max_score_diff=diff)
-        print(f"bare ArtifactSession at batch {args.max_batch}: {bare['texts']} texts in {bare['seconds']:.1f} s: "
-              f"{bare['throughput']:.1f} texts/s")
-        print(f"ratio server/bare: {result['ratio']:.2f}; labels equal for {len(same)}/{len(served_labels)} served "
-              f"texts, max |score difference| {diff:.1e}")
+        result.update(
+            bare=bare,
+            ratio=server["throughput"] / bare["throughput"],
+            labels_equal=len(same),
+            labels_compared=len(served_labels),
+            max_score_diff=diff,
+        )
+        print(
+            f"bare ArtifactSession at batch {args.max_batch}: {bare['texts']} texts in {bare['seconds']:.1f} s: "
+            f"{bare['throughput']:.1f} texts/s"
+        )
+        print(
+            f"ratio server/bare: {result['ratio']:.2f}; labels equal for {len(same)}/{len(served_labels)} served "
+            f"texts, max |score difference| {diff:.1e}"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if server["errors"] else 0

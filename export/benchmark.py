@@ -4,53 +4,19 @@ All models are timed in one process with identical inputs and thread settings,
 interleaved run by run inside each (batch, seq) cell so machine drift hits every
 model equally.
 """
+
 from __future__ import annotations
 
 import gc
-import os
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """Benchmark grid and stopping rules.
-
-    Attributes:
-        batch_sizes: Batch sizes to time.
-        seq_lens: Sequence lengths to time.
-        warmup: Untimed runs per model per cell.
-        min_runs: Timed runs per model always done.
-        max_runs: Upper bound on timed runs per model.
-        max_seconds_per_cell: Stop a cell once this wall time is spent (after min_runs).
-        threads: intra-op threads; None means physical cores.
-        providers: Providers to run; None means CPU, plus CUDA when available.
-    """
-
-    batch_sizes: tuple[int, ...] = (1, 8, 32)
-    seq_lens: tuple[int, ...] = (32, 128)
-    warmup: int = 5
-    min_runs: int = 10
-    max_runs: int = 100
-    max_seconds_per_cell: float = 6.0
-    threads: int | None = None
-    providers: tuple[str, ...] | None = None
-
-
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:
-        return os.cpu_count() or 1
+from export.sessions import CPU, CUDA, make_session, physical_cores
+from pipeline.config.schema import BenchSettings
 
 
 def _cpu_name() -> str:
@@ -58,36 +24,15 @@ def _cpu_name() -> str:
     if name in ("", "x86_64", "aarch64", "unknown"):  # Linux usually gives only the arch
         try:
             text = Path("/proc/cpuinfo").read_text()
-            name = next(ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                        if ln.lower().startswith("model name"))
+            name = next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.lower().startswith("model name"))
         except (OSError, StopIteration):
             name = name or platform.machine()
     return name
 
 
-def make_session(path, provider: str = CPU, threads: int | None = None) -> ort.InferenceSession:
-    """Create a session with the benchmark's fixed settings.
-
-    Spinning is off because idle sessions kept alive in the same process otherwise
-    busy-wait and steal cores from the one being timed.
-
-    Args:
-        path: ONNX file.
-        provider: Execution provider; CPU is always appended as fallback.
-        threads: intra-op threads; None means physical cores.
-    """
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads or _physical_cores()
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    providers = [provider] if provider == CPU else [provider, CPU]
-    return ort.InferenceSession(str(path), sess_options=so, providers=providers)
-
-
-def make_inputs(session_input_names: list[str], batch: int, seq: int, vocab_size: int,
-                seed: int = 0) -> dict[str, np.ndarray]:
+def make_inputs(
+    session_input_names: list[str], batch: int, seq: int, vocab_size: int, seed: int = 0
+) -> dict[str, np.ndarray]:
     """Random int64 BERT inputs for exactly the requested names.
 
     Token ids avoid the low (special-token) range when the vocabulary allows it.
@@ -123,11 +68,18 @@ def _stats(times_ms: list[float], b: int) -> dict:
     t = np.asarray(times_ms)
     p50, p90, p99 = np.percentile(t, [50, 90, 99])
     mean = float(t.mean())
-    return {"runs": len(t), "p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99),
-            "mean_ms": mean, "std_ms": float(t.std()), "throughput_per_s": b * 1000.0 / mean}
+    return {
+        "runs": len(t),
+        "p50_ms": float(p50),
+        "p90_ms": float(p90),
+        "p99_ms": float(p99),
+        "mean_ms": mean,
+        "std_ms": float(t.std()),
+        "throughput_per_s": b * 1000.0 / mean,
+    }
 
 
-def _time_cell(sessions: dict, feeds: dict, cfg: BenchConfig) -> dict[str, list[float]]:
+def _time_cell(sessions: dict, feeds: dict, cfg: BenchSettings) -> dict[str, list[float]]:
     names = list(sessions)
     for name in names:
         for _ in range(cfg.warmup):
@@ -138,7 +90,8 @@ def _time_cell(sessions: dict, feeds: dict, cfg: BenchConfig) -> dict[str, list[
     try:
         start, it = time.perf_counter(), 0
         while it < cfg.max_runs and not (
-                it >= cfg.min_runs and time.perf_counter() - start > cfg.max_seconds_per_cell):
+            it >= cfg.min_runs and time.perf_counter() - start > cfg.max_seconds_per_cell
+        ):
             # Round-robin, rotating the start so no model always follows the same one.
             for k in range(len(names)):
                 name = names[(it + k) % len(names)]
@@ -155,8 +108,7 @@ def _open_sessions(models: dict, prov: str, threads: int, skipped: list) -> dict
     sessions = {}
     for name, path in models.items():
         if prov == CUDA and "int8" in name.lower():
-            skipped.append({"model": name, "provider": prov,
-                            "reason": "dynamic int8 quantised graph is CPU-oriented"})
+            skipped.append({"model": name, "provider": prov, "reason": "dynamic int8 quantised graph is CPU-oriented"})
             continue
         try:
             sess = make_session(path, prov, threads)
@@ -172,14 +124,15 @@ def _open_sessions(models: dict, prov: str, threads: int, skipped: list) -> dict
     return sessions
 
 
-def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchConfig = BenchConfig()) -> dict:
+def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings | None = None) -> dict:
     """Time every model on every (batch, seq) cell for each provider.
 
     Returns:
         JSON-serialisable dict with "device", "cells" and "skipped" (model/provider
         pairs not run, with the reason; int8 models are skipped on CUDA).
     """
-    threads = cfg.threads or _physical_cores()
+    cfg = cfg or BenchSettings()
+    threads = cfg.threads or physical_cores()
     available = ort.get_available_providers()
     providers = list(cfg.providers or [CPU] + ([CUDA] if CUDA in available else []))
     cells, skipped, ran = [], [], []
@@ -197,25 +150,40 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchConfig =
                 for name, t in _time_cell(sessions, feeds, cfg).items():
                     cells.append({"model": name, "provider": prov, "batch": b, "seq": s, **_stats(t, b)})
         del sessions  # free device memory before the next pass
-    device = {"provider": ran[0] if ran else None, "providers": ran, "threads": threads,
-              "spinning": "off", "execution_mode": "ORT_SEQUENTIAL",
-              "graph_optimization": "ORT_ENABLE_ALL", "interleaved": True,
-              "cpu": _cpu_name(), "ort_version": ort.__version__}
+    device = {
+        "provider": ran[0] if ran else None,
+        "providers": ran,
+        "threads": threads,
+        "spinning": "off",
+        "execution_mode": "ORT_SEQUENTIAL",
+        "graph_optimization": "ORT_ENABLE_ALL",
+        "interleaved": True,
+        "cpu": _cpu_name(),
+        "ort_version": ort.__version__,
+    }
     return {"device": device, "cells": cells, "skipped": skipped}
 
 
 def speedups(result: dict, baseline: str = "dense") -> list[dict]:
     """p50 speedup (baseline p50 / model p50) per (provider, batch, seq) and model."""
-    base = {(c["provider"], c["batch"], c["seq"]): c["p50_ms"]
-            for c in result["cells"] if c["model"] == baseline}
-    return [{"provider": c["provider"], "batch": c["batch"], "seq": c["seq"], "model": c["model"],
-             "baseline": baseline, "speedup_p50": base[key] / c["p50_ms"]}
-            for c in result["cells"]
-            if c["model"] != baseline and (key := (c["provider"], c["batch"], c["seq"])) in base]
+    base = {(c["provider"], c["batch"], c["seq"]): c["p50_ms"] for c in result["cells"] if c["model"] == baseline}
+    return [
+        {
+            "provider": c["provider"],
+            "batch": c["batch"],
+            "seq": c["seq"],
+            "model": c["model"],
+            "baseline": baseline,
+            "speedup_p50": base[key] / c["p50_ms"],
+        }
+        for c in result["cells"]
+        if c["model"] != baseline and (key := (c["provider"], c["batch"], c["seq"])) in base
+    ]
 
 
-def encoder_flops(hidden: int, heads_per_layer: list[int], head_dim: int, ffn_per_layer: list[int],
-                  seq: int, num_labels: int = 2) -> int:
+def encoder_flops(
+    hidden: int, heads_per_layer: list[int], head_dim: int, ffn_per_layer: list[int], seq: int, num_labels: int = 2
+) -> int:
     """FLOPs (2 x multiply-accumulates) of one sequence through the encoder's matmuls.
 
     Per layer and token: Q, K, V (3*hidden*heads*head_dim), attention scores and
@@ -227,7 +195,7 @@ def encoder_flops(hidden: int, heads_per_layer: list[int], head_dim: int, ffn_pe
     if len(heads_per_layer) != len(ffn_per_layer):
         raise ValueError("heads_per_layer and ffn_per_layer must have one entry per layer")
     macs = 0
-    for heads, ffn in zip(heads_per_layer, ffn_per_layer):
+    for heads, ffn in zip(heads_per_layer, ffn_per_layer, strict=True):
         attn = heads * head_dim
         macs += seq * (3 * hidden * attn + 2 * seq * attn + attn * hidden + 2 * hidden * ffn)
     macs += hidden * hidden + hidden * num_labels
@@ -239,8 +207,7 @@ def _grouped_bars(ax, series: dict[str, list[float]], lo=None, hi=None) -> None:
     w = 0.8 / max(len(series), 1)
     for i, (name, vals) in enumerate(series.items()):
         err = None if hi is None else [np.zeros(len(vals)), np.subtract(hi[name], lo[name])]
-        ax.bar(np.arange(len(vals)) + (i - (len(series) - 1) / 2) * w, vals, w, label=name,
-               yerr=err, capsize=2)
+        ax.bar(np.arange(len(vals)) + (i - (len(series) - 1) / 2) * w, vals, w, label=name, yerr=err, capsize=2)
 
 
 def plot_latency(result: dict, path: str | Path, title: str = "") -> Path:
@@ -252,20 +219,20 @@ def plot_latency(result: dict, path: str | Path, title: str = "") -> Path:
 
     provs = list(dict.fromkeys(c["provider"] for c in result["cells"])) or [CPU]
     fig, axes = plt.subplots(len(provs), 2, figsize=(13, 4 * len(provs)), squeeze=False)
-    for (ax_l, ax_s), prov in zip(axes, provs):
+    for (ax_l, ax_s), prov in zip(axes, provs, strict=True):
         pc = [c for c in result["cells"] if c["provider"] == prov]
         keys = list(dict.fromkeys((c["batch"], c["seq"]) for c in pc))
         by = {(c["model"], c["batch"], c["seq"]): c for c in pc}
         names = list(dict.fromkeys(c["model"] for c in pc))
-        col = {q: {n: [by[(n, *k)][q] if (n, *k) in by else np.nan for k in keys] for n in names}
-               for q in ("p50_ms", "p90_ms")}
+        col = {
+            q: {n: [by[(n, *k)][q] if (n, *k) in by else np.nan for k in keys] for n in names}
+            for q in ("p50_ms", "p90_ms")
+        }
         _grouped_bars(ax_l, col["p50_ms"], col["p50_ms"], col["p90_ms"])
         ax_l.set(yscale="log", ylabel="p50 latency (ms), whisker = p90", title=f"{prov}: latency")
-        sp = {(s["model"], s["batch"], s["seq"]): s["speedup_p50"]
-              for s in speedups(result) if s["provider"] == prov}
+        sp = {(s["model"], s["batch"], s["seq"]): s["speedup_p50"] for s in speedups(result) if s["provider"] == prov}
         if sp:
-            _grouped_bars(ax_s, {n: [sp.get((n, *k), np.nan) for k in keys]
-                                 for n in names if n != "dense"})
+            _grouped_bars(ax_s, {n: [sp.get((n, *k), np.nan) for k in keys] for n in names if n != "dense"})
             ax_s.axhline(1.0, color="k", lw=0.8)
         else:
             ax_s.text(0.5, 0.5, "no 'dense' baseline", ha="center", transform=ax_s.transAxes)

@@ -49,9 +49,7 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
 
     out_dir = Path(out_dir)
     with _quiet():
-        onnx_export_from_model(
-            model.eval(), out_dir, task="text-classification", opset=opset, do_validation=False
-        )
+        onnx_export_from_model(model.eval(), out_dir, task="text-classification", opset=opset, do_validation=False)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
     return out_dir / "model.onnx"
@@ -119,12 +117,16 @@ def export_optimized(model, tokenizer, out_dir: str | Path, stem: str = "model")
                 shutil.move(str(f), out_dir / f.name)
         fused = optimize_onnx(raw, out_dir / f"{stem}.onnx")
     quantized = quantize_int8(out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx")
-    return {"fused_ops": fused, "int8_ops": {k: v for k, v in quantized.items() if k in ("MatMulInteger", "QAttention")}}
+    return {
+        "fused_ops": fused,
+        "int8_ops": {k: v for k, v in quantized.items() if k in ("MatMulInteger", "QAttention")},
+    }
 
 
 def export_stage(staging: str, teacher_dir: str) -> dict:
     """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark)."""
-    from pipeline.modeling import load_model, load_tokenizer
+    from pipeline.models.folders import load_tokenizer
+    from pipeline.models.io import load_model
 
     staging_path = Path(staging)
     compact_dir = staging_path / "pytorch"

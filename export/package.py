@@ -7,6 +7,7 @@ tokenizer files, pytorch/ (compacted safetensors), report.json, report.md, laten
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,10 +21,17 @@ from pathlib import Path
 from export.report import render_markdown
 from pipeline.cache import file_digest
 from pipeline.errors import PipelineError
-from pipeline.request import check_output_dir
 
 STAGING_PREFIX = ".staging-"
 VERSIONED = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "prefect", "encoder-deploy")
+
+
+def check_output_dir(output_dir: str | Path) -> Path:
+    """The folder that receives artifact folders; it may not exist yet, but must not be a file."""
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise PipelineError(f"output path {out} is a file, not a folder")
+    return out
 
 
 def artifact_name(task: str, method: str, salt: str) -> str:
@@ -49,10 +57,8 @@ def discard(staging: str | Path) -> None:
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for dist in VERSIONED:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
     return found
 
 
@@ -89,4 +95,3 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     os.replace(staging, final)
     return final
-

@@ -7,21 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.encoding import Encoded, iter_batches
-
-
-def ort_session(path: str | Path, threads: int | None = None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+from export.sessions import make_session
+from pipeline.data.encoding import Encoded, iter_batches
 
 
 def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndarray:
     """Logits of the ONNX graph for every example, batched and padded exactly as `predict_logits` does."""
-    session = ort_session(path)
+    session = make_session(path)
     names = [i.name for i in session.get_inputs()]
     out = []
     for batch in iter_batches(enc, batch_size):

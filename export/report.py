@@ -19,7 +19,10 @@ def _mask_lines(mask: dict | None, compaction: dict) -> list[str]:
         return []
     kept = ", ".join(f"{k} {v['kept']}/{v['units']}" for k, v in mask["kinds"].items())
     z = compaction.get("remaining_zeros", {})
-    removed_heads, removed_neurons = sum(compaction.get("removed_heads", [])), sum(compaction.get("removed_ffn_neurons", []))
+    removed_heads, removed_neurons = (
+        sum(compaction.get("removed_heads", [])),
+        sum(compaction.get("removed_ffn_neurons", [])),
+    )
     return [
         f"Mask: kept {kept} ({100 * mask['kept_fraction']:.1f}% of the masked weights). Compaction removed "
         f"{removed_heads} heads and {removed_neurons} FFN neurons that became empty. "
@@ -43,8 +46,8 @@ def render_markdown(report: dict) -> str:
         lines += [
             "",
             f"ONNX fp32 vs compacted torch: max |Δ logits| = {p['max_abs_diff']:.2e}, argmax agreement "
-            f"{p['argmax_agreement']:.4f} over {p['examples']} examples; int8 loses {v['int8_accuracy_drop']:.2f} points "
-            "against fp32.",
+            f"{p['argmax_agreement']:.4f} over {p['examples']} examples; "
+            f"int8 loses {v['int8_accuracy_drop']:.2f} points against fp32.",
             "",
         ]
     c = report.get("compaction", {})
@@ -73,7 +76,11 @@ def render_markdown(report: dict) -> str:
         ]
         for r in latency_rows(s):
             lines.append("| " + " | ".join(_fmt(x) for x in r.values()) + " |")
-        lines += ["", "| model | batch | seq | speedup (p50) | FLOP bound | measured / bound |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| model | batch | seq | speedup (p50) | FLOP bound | measured / bound |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in s["speedups"]:
             if r["provider"].startswith("CPU"):
                 bound = r.get("flop_bound")
@@ -87,4 +94,3 @@ def render_markdown(report: dict) -> str:
     if t:
         lines += ["## Timings (s)", "", ", ".join(f"{k} {_fmt(x, 1)}" for k, x in t.items()), ""]
     return "\n".join(lines)
-

@@ -6,8 +6,9 @@ import json
 import logging
 from pathlib import Path
 
-from export.benchmark import BenchConfig, benchmark, encoder_flops, plot_latency, speedups
-from pipeline.config import BenchSettings
+from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
+from pipeline.config.schema import BenchSettings
+from pipeline.models.folders import param_count
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +29,10 @@ def model_shapes(model_dir: str | Path) -> dict:
     }
 
 
-def param_count(model_dir: str | Path) -> int:
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="np") as f:
-        for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-            n = 1
-            for d in f.get_slice(key).get_shape():
-                n *= d
-            total += n
-    return total
-
-
 def flops(shapes: dict, seq: int) -> int:
-    return encoder_flops(shapes["hidden"], shapes["heads"], shapes["head_dim"], shapes["ffn"], seq, shapes["num_labels"])
+    return encoder_flops(
+        shapes["hidden"], shapes["heads"], shapes["head_dim"], shapes["ffn"], seq, shapes["num_labels"]
+    )
 
 
 def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> dict:
@@ -55,12 +45,7 @@ def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> di
         "compressed": staging_path / "model.onnx",
         "compressed-int8": staging_path / "model.int8.onnx",
     }
-    cfg = BenchConfig(
-        batch_sizes=tuple(settings.batch_sizes), seq_lens=tuple(settings.seq_lens), warmup=settings.warmup,
-        min_runs=settings.min_runs, max_runs=settings.max_runs, max_seconds_per_cell=settings.max_seconds_per_cell,
-        threads=settings.threads,
-    )
-    result = benchmark(models, comp["vocab_size"], cfg)
+    result = benchmark(models, comp["vocab_size"], settings)
     ratios = speedups(result, "dense")
     bounds = {s: flops(dense, s) / flops(comp, s) for s in settings.seq_lens}
     for r in ratios:

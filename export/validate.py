@@ -9,12 +9,13 @@ import logging
 from pathlib import Path
 
 from export.parity import ParityReport, compare_logits, onnx_logits
-from pipeline.config import Gates
-from pipeline.data import DataRef
-from pipeline.encoding import encode
+from pipeline.config.schema import Gates
+from pipeline.data.encoding import encode
+from pipeline.data.loaders import DataRef
 from pipeline.errors import GateError
-from pipeline.evaluation import predict_logits, scores
-from pipeline.modeling import load_model, load_tokenizer
+from pipeline.models.folders import load_tokenizer
+from pipeline.models.io import load_model
+from pipeline.train.metrics import predict_logits, scores
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The deploy flow: data → teacher → compress → compact → export → validate → benchmark → package.
 
-It only sequences tasks. Every stage after `compress` writes into a hidden staging folder that is renamed
-into place when all gates have passed, and removed on any failure.
+It only sequences tasks (`flows.stage_tasks`). Every stage after `compress` writes into a hidden staging folder
+that is renamed into place when all gates have passed, and removed on any failure.
 """
 
 import time
@@ -12,7 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from export.package import artifact_name, discard, new_staging
 from export.report import latency_rows, render_markdown
-from flows import tasks
+from flows import stage_tasks
 from pipeline.request import DeployRequest
 
 
@@ -27,23 +27,38 @@ def deploy(request: DeployRequest) -> str:
         timings[name] = round(time.perf_counter() - start, 1)
         return result
 
-    data = timed("data", tasks.describe_data, ref)
-    teacher = timed("teacher", tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir)
-    compressed = timed("compress", tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
+    data = timed("data", stage_tasks.describe_data, ref)
+    teacher = timed(
+        "teacher", stage_tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
+    )
+    compressed = timed("compress", stage_tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
         compaction = timed(
-            "compact", tasks.compact, compressed["path"], ref, str(staging / "pytorch"), cfg.gates.compaction_atol
+            "compact",
+            stage_tasks.compact,
+            compressed["path"],
+            ref,
+            str(staging / "pytorch"),
+            cfg.gates.compaction_atol,
         )
-        exported = timed("export", tasks.export_models, str(staging), teacher["path"])
-        validation = timed("validate", tasks.validate_models, str(staging), teacher["path"], ref, cfg.gates)
-        speed = timed("benchmark", tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
+        exported = timed("export", stage_tasks.export_models, str(staging), teacher["path"])
+        validation = timed("validate", stage_tasks.validate_models, str(staging), teacher["path"], ref, cfg.gates)
+        speed = timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
         report = {
-            "task": cfg.task, "method": cfg.method, "data": data, "teacher": teacher, "compress": compressed,
-            "compaction": compaction, "export": exported, "validation": validation, "speed": speed, "timings": timings,
+            "task": cfg.task,
+            "method": cfg.method,
+            "data": data,
+            "teacher": teacher,
+            "compress": compressed,
+            "compaction": compaction,
+            "export": exported,
+            "validation": validation,
+            "speed": speed,
+            "timings": timings,
         }
         inputs = {"model": request.model, "teacher": teacher["path"], "data": data}
-        final = tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
+        final = stage_tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
     except BaseException:
         discard(staging)
         raise

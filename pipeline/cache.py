@@ -20,7 +20,10 @@ DONE = ".complete"
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("PIPELINE_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "encoder-deploy"
+    root = (
+        os.environ.get("PIPELINE_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "encoder-deploy"
+    )
     return Path(root)
 
 

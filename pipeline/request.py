@@ -1,4 +1,8 @@
-"""A deploy request, checked up front: every bad input fails here, in one line, before any stage runs."""
+"""A deploy request, checked up front: every bad input fails here, in one line, before any stage runs.
+
+This is the layer between the CLI (or a flow's caller) and the stages: it resolves the recipe into a validated
+`DeployConfig`, checks the model, teacher, data and output folders, and returns one frozen `DeployRequest`.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,26 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from export.package import check_output_dir
 from pipeline.cache import default_cache_dir
-from pipeline.config import DeployConfig, build_deploy_config
-from pipeline.data import DataRef, resolve_source
+from pipeline.compress.registry import get_method, method_config
+from pipeline.config.recipes import load_recipe
+from pipeline.config.schema import DeployConfig, validate
+from pipeline.data.loaders import DataRef, resolve_source
+from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
-from pipeline.modeling import check_model_dir
-from pipeline.tasks import get_task
+from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
 
 
-def check_output_dir(output_dir: str | Path) -> Path:
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise PipelineError(f"output path {out} is a file, not a folder")
-    return out
+def build_deploy_config(
+    method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> DeployConfig:
+    """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config."""
+    get_method(method)
+    get_task(task)
+    cfg = validate(DeployConfig, load_recipe(method, task, recipe, overrides), "recipe")
+    method_config(cfg)  # fail now, not mid-flow
+    return cfg
 
 
 class DeployRequest(BaseModel):
@@ -53,19 +64,20 @@ def prepare_request(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> DeployRequest:
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
-    from pipeline.modeling import default_model_path
-
     config = build_deploy_config(method, task, recipe, overrides)
     check_output_dir(output_dir)
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
     if teacher is not None:
         cfg = check_model_dir(teacher)
-        if not any(a.endswith("ForSequenceClassification") for a in cfg.get("architectures") or []):
-            raise PipelineError(f"teacher {teacher} is not a fine-tuned sequence classifier (architectures: {cfg.get('architectures')})")
+        if not is_classifier(cfg):
+            raise PipelineError(
+                f"teacher {teacher} is not a fine-tuned sequence classifier "
+                f"(architectures: {cfg.get('architectures')})"
+            )
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg
-    config.method_config().preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
+    method_config(config).preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
     request = DeployRequest(
         config=config,
         model=model_dir,

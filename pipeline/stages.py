@@ -13,22 +13,24 @@ import time
 from pathlib import Path
 
 from pipeline.cache import cached_build, dir_digest, key_of
-from pipeline.config import DeployConfig, TrainConfig
-from pipeline.data import DataRef, Split, TaskData
-from pipeline.encoding import encode, encode_task
+from pipeline.compress.compaction import compact_
+from pipeline.compress.context import StageContext
+from pipeline.compress.registry import get_method, method_config
+from pipeline.config.schema import DeployConfig, TrainConfig
+from pipeline.data.encoding import encode, encode_task
+from pipeline.data.loaders import DataRef, Split
 from pipeline.errors import GateError, PipelineError
-from pipeline.evaluation import predict_logits
-from pipeline.modeling import check_model_dir, load_base_model, load_model, load_tokenizer, save_model
-from pipeline.registry import get_method
-from pipeline.stage import StageContext
-from pipeline.training import train
+from pipeline.models.folders import check_model_dir, load_tokenizer
+from pipeline.models.io import load_base_model, load_model, save_model
+from pipeline.train.loop import train
+from pipeline.train.metrics import predict_logits
 
 log = logging.getLogger(__name__)
 
 STAGE_FILE = "stage.json"
 # Bump a stage's version when a change alters what it produces, to invalidate its cache entries.
 TEACHER_VERSION = "1"
-COMPRESS_VERSION = "2"
+COMPRESS_VERSION = "3"  # 3: MLP Fusion's layer-wise tuning runs all `tune_steps` (it was capped at one epoch)
 
 
 def describe_data(ref: DataRef) -> dict:
@@ -38,21 +40,26 @@ def describe_data(ref: DataRef) -> dict:
     return {"source": data.source, "train": len(data.train), "dev": len(data.dev), "fingerprint": data.fingerprint}
 
 
-def prepare_teacher(
-    model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig, cache_dir: str
-) -> dict:
+def prepare_teacher(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig, cache_dir: str) -> dict:
     """The dense fine-tuned teacher: `teacher_dir` as given, else `model_dir` fine-tuned on the task (cached)."""
     data = ref.load()
     if teacher_dir is not None:
         teacher = load_model(teacher_dir)
         if teacher.config.num_labels != data.task.num_labels:
             raise PipelineError(
-                f"teacher {teacher_dir} has {teacher.config.num_labels} labels, task {data.task.name} has {data.task.num_labels}"
+                f"teacher {teacher_dir} has {teacher.config.num_labels} labels, "
+                f"task {data.task.name} has {data.task.num_labels}"
             )
         load_tokenizer(teacher_dir)
         return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
     check_model_dir(model_dir)
-    key = key_of(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint, cfg=cfg.model_dump())
+    key = key_of(
+        stage="teacher",
+        v=TEACHER_VERSION,
+        model=dir_digest(Path(model_dir)),
+        data=data.fingerprint,
+        cfg=cfg.model_dump(),
+    )
 
     def build(out: Path) -> None:
         tokenizer = load_tokenizer(model_dir)
@@ -60,7 +67,7 @@ def prepare_teacher(
         train_enc, dev_enc = encode_task(tokenizer, data, cfg.max_length)
         result = train(model, train_enc, dev_enc, cfg, desc="teacher fine-tuning")
         save_model(model, tokenizer, out)
-        _write_stage(out, {"steps": result.steps, "seconds": round(result.seconds, 1), "dev": result.dev, "base_model": str(model_dir)})
+        _write_stage(out, {**result.report(), "base_model": str(model_dir)})
 
     path, hit = cached_build(Path(cache_dir), "teachers", key, build)
     info = _read_stage(path)
@@ -68,17 +75,23 @@ def prepare_teacher(
     return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}
 
 
-def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None) -> dict:
+def compress(
+    config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None
+) -> dict:
     """Run the configured method on a copy of the teacher; the result (not yet compacted) is cached.
 
     `base_model` is the pre-trained folder, for methods that can start from it (SMP's verbalizer head).
     """
     method = get_method(config.method)
-    method_cfg = config.method_config()
+    method_cfg = method_config(config)
     data = ref.load()
     key = key_of(
-        stage="compress", v=COMPRESS_VERSION, teacher=dir_digest(Path(teacher_dir)), data=data.fingerprint,
-        method=config.method, cfg=method_cfg.model_dump(),
+        stage="compress",
+        v=COMPRESS_VERSION,
+        teacher=dir_digest(Path(teacher_dir)),
+        data=data.fingerprint,
+        method=config.method,
+        cfg=method_cfg.model_dump(),
         base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
     )
 
@@ -87,8 +100,8 @@ def compress(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: st
         teacher = load_model(teacher_dir)
         for p in teacher.parameters():
             p.requires_grad_(False)
-        ctx = _context(teacher, tokenizer, data, method_cfg.train.max_length)
-        ctx.task, ctx.base_model = data.task.name, base_model
+        train_enc, dev_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
+        ctx = StageContext(teacher, train_enc, dev_enc, task=data.task.name, base_model=base_model)
         start = time.perf_counter()
         student = copy.deepcopy(teacher).requires_grad_(True)  # the copy must not inherit the teacher's freeze
         model = method.apply()(student, method_cfg, ctx)
@@ -105,8 +118,6 @@ def compact(
     compressed_dir: str, ref: DataRef, out_dir: str, atol: float, max_examples: int = 256, max_length: int = 128
 ) -> dict:
     """Compact the compressed model into `out_dir` and prove it exact on dev inputs (GateError otherwise)."""
-    from pipeline.compaction import compact_
-
     tokenizer = load_tokenizer(compressed_dir)
     model = load_model(compressed_dir)
     split = ref.load().dev
@@ -126,11 +137,6 @@ def compact(
     return report
 
 
-def _context(teacher, tokenizer, data: TaskData, max_length: int) -> StageContext:
-    train_enc, dev_enc = encode_task(tokenizer, data, max_length)
-    return StageContext(teacher=teacher, train=train_enc, dev=dev_enc)
-
-
 def _write_stage(folder: Path, report: dict) -> None:
     (Path(folder) / STAGE_FILE).write_text(json.dumps(report, indent=2, default=str))
 
@@ -138,4 +144,3 @@ def _write_stage(folder: Path, report: dict) -> None:
 def _read_stage(folder: Path) -> dict:
     f = Path(folder) / STAGE_FILE
     return json.loads(f.read_text()) if f.is_file() else {}
-

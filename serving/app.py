@@ -149,8 +149,9 @@ class Service:
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else ""
         if not hmac.compare_digest(given.encode("latin-1", "replace"), self._key):
-            raise RequestError(401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'X-API-Key: KEY')",
-                               "unauthorized")
+            raise RequestError(
+                401, "missing or wrong API key (send 'Authorization: Bearer KEY' or 'X-API-Key: KEY')", "unauthorized"
+            )
 
     def _check_model(self, request: Request) -> None:
         name = request.path_params["name"]
@@ -158,8 +159,11 @@ class Service:
             raise RequestError(404, f"unknown model {name[:100]!r}; this server serves {self.name!r}", "unknown_model")
         version = request.path_params.get("version", MODEL_VERSION)
         if version != MODEL_VERSION:
-            raise RequestError(404, f"unknown version {version[:40]!r} of model {self.name!r}; versions: "
-                                    f"{MODEL_VERSION}", "unknown_version")
+            raise RequestError(
+                404,
+                f"unknown version {version[:40]!r} of model {self.name!r}; versions: {MODEL_VERSION}",
+                "unknown_version",
+            )
 
     # -- handlers -------------------------------------------------------------------------------------------
     async def live(self, request: Request) -> Response:
@@ -180,19 +184,25 @@ class Service:
     async def model_metadata(self, request: Request) -> Response:
         self._check_model(request)
         n = len(self.labels)
-        return json_response({
-            "name": self.name,
-            "versions": [MODEL_VERSION],
-            "platform": "onnxruntime_onnx",
-            "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [
-                {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                {"name": "probabilities", "datatype": "FP32", "shape": [-1, n]},
-                {"name": "logits", "datatype": "FP32", "shape": [-1, n]},
-            ],
-            "parameters": {"labels": self.labels, "precision": self.config.precision,
-                           "max_tokens": self.config.max_length, "max_batch": self.config.max_batch},
-        })
+        return json_response(
+            {
+                "name": self.name,
+                "versions": [MODEL_VERSION],
+                "platform": "onnxruntime_onnx",
+                "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
+                "outputs": [
+                    {"name": "label", "datatype": "BYTES", "shape": [-1]},
+                    {"name": "probabilities", "datatype": "FP32", "shape": [-1, n]},
+                    {"name": "logits", "datatype": "FP32", "shape": [-1, n]},
+                ],
+                "parameters": {
+                    "labels": self.labels,
+                    "precision": self.config.precision,
+                    "max_tokens": self.config.max_length,
+                    "max_batch": self.config.max_batch,
+                },
+            }
+        )
 
     async def model_ready(self, request: Request) -> Response:
         self._check_model(request)
@@ -209,8 +219,10 @@ class Service:
             "probabilities": ("FP32", [n, k], lambda: softmax(logits).ravel().tolist()),
             "logits": ("FP32", [n, k], lambda: logits.ravel().tolist()),
         }
-        outputs = [{"name": o, "datatype": tensors[o][0], "shape": tensors[o][1], "data": tensors[o][2]()}
-                   for o in req.outputs]
+        outputs = [
+            {"name": o, "datatype": tensors[o][0], "shape": tensors[o][1], "data": tensors[o][2]()}
+            for o in req.outputs
+        ]
         out = {"model_name": self.name, "model_version": MODEL_VERSION, "outputs": outputs}
         if req.id is not None:
             out["id"] = req.id
@@ -252,14 +264,18 @@ def build_app(config: ServerConfig, model: Model, model_name: str) -> Starlette:
         Route("/v2", s.endpoint("metadata", s.server_metadata), methods=["GET"]),
     ]
     for prefix in ("/v2/health", "/health"):
-        routes += [Route(f"{prefix}/live", s.endpoint("health", s.live, auth=False), methods=["GET"]),
-                   Route(f"{prefix}/ready", s.endpoint("health", s.ready, auth=False), methods=["GET"])]
+        routes += [
+            Route(f"{prefix}/live", s.endpoint("health", s.live, auth=False), methods=["GET"]),
+            Route(f"{prefix}/ready", s.endpoint("health", s.ready, auth=False), methods=["GET"]),
+        ]
     for path in model_paths:
-        routes += [Route(path, s.endpoint("metadata", s.model_metadata), methods=["GET"]),
-                   Route(f"{path}/ready", s.endpoint("health", s.model_ready), methods=["GET"]),
-                   Route(f"{path}/infer", s.endpoint("infer", s.infer), methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=s.lifespan,
-                    exception_handlers={HTTPException: s.http_error, Exception: s.server_error})
+        routes += [
+            Route(path, s.endpoint("metadata", s.model_metadata), methods=["GET"]),
+            Route(f"{path}/ready", s.endpoint("health", s.model_ready), methods=["GET"]),
+            Route(f"{path}/infer", s.endpoint("infer", s.infer), methods=["POST"]),
+        ]
+    app = Starlette(
+        routes=routes, lifespan=s.lifespan, exception_handlers={HTTPException: s.http_error, Exception: s.server_error}
+    )
     app.state.service = s
     return app
-

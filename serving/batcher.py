@@ -55,8 +55,14 @@ class MicroBatcher:
         on_batch: called on the event loop after every model call (metrics).
     """
 
-    def __init__(self, infer: Callable[[list[str]], np.ndarray], max_batch: int = 32, max_wait_s: float = 0.005,
-                 max_queue: int = 256, on_batch: Callable[[BatchStats], None] | None = None) -> None:
+    def __init__(
+        self,
+        infer: Callable[[list[str]], np.ndarray],
+        max_batch: int = 32,
+        max_wait_s: float = 0.005,
+        max_queue: int = 256,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
         self.infer = infer
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
@@ -143,7 +149,9 @@ class MicroBatcher:
     def _infer_chunks(self, texts: list[str]) -> np.ndarray:
         if len(texts) <= self.max_batch:
             return self.infer(texts)
-        return np.concatenate([self.infer(texts[i:i + self.max_batch]) for i in range(0, len(texts), self.max_batch)])
+        return np.concatenate(
+            [self.infer(texts[i : i + self.max_batch]) for i in range(0, len(texts), self.max_batch)]
+        )
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
         texts = [t for p in batch for t in p.texts]
@@ -163,7 +171,7 @@ class MicroBatcher:
         offset = 0
         for p in batch:
             if not p.future.done():  # done: the caller went away (cancelled)
-                p.future.set_result(rows[offset:offset + len(p.texts)])
+                p.future.set_result(rows[offset : offset + len(p.texts)])
             offset += len(p.texts)
         if self.on_batch is not None:
             self.on_batch(BatchStats(texts=len(texts), requests=len(batch), seconds=seconds, waited=waited))

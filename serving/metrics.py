@@ -34,22 +34,40 @@ class Metrics:
 
     def __init__(self, model: str, precision: str, queue_depth: Callable[[], int]) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("serving_requests", "HTTP requests by endpoint and status code.",
-                                ["endpoint", "code"], registry=r)
-        self.latency = Histogram("serving_request_duration_seconds", "Time from request to response, by endpoint.",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
-        self.errors = Counter("serving_errors", "Requests answered with an error, by endpoint and reason.",
-                              ["endpoint", "reason"], registry=r)
-        self.batch_size = Histogram("serving_batch_size", "Texts per ONNX Runtime call.", buckets=BATCH_BUCKETS,
-                                    registry=r)
-        self.batch_requests = Histogram("serving_batch_requests", "Requests per ONNX Runtime call.",
-                                        buckets=BATCH_BUCKETS, registry=r)
-        self.inference = Histogram("serving_inference_duration_seconds",
-                                   "Seconds per ONNX Runtime call, tokenisation included.", buckets=LATENCY_BUCKETS,
-                                   registry=r)
-        self.queue_wait = Histogram("serving_queue_wait_seconds",
-                                    "Seconds the oldest request of a batch waited before its model call.",
-                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "serving_requests", "HTTP requests by endpoint and status code.", ["endpoint", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "serving_request_duration_seconds",
+            "Time from request to response, by endpoint.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "serving_errors",
+            "Requests answered with an error, by endpoint and reason.",
+            ["endpoint", "reason"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "serving_batch_size", "Texts per ONNX Runtime call.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "serving_batch_requests", "Requests per ONNX Runtime call.", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.inference = Histogram(
+            "serving_inference_duration_seconds",
+            "Seconds per ONNX Runtime call, tokenisation included.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "serving_queue_wait_seconds",
+            "Seconds the oldest request of a batch waited before its model call.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         depth = Gauge("serving_queue_depth", "Requests waiting for the model.", registry=r)
         depth.set_function(queue_depth)
         info = Gauge("serving_model_info", "The served model.", ["model", "precision"], registry=r)

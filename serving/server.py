@@ -39,8 +39,13 @@ def load_model(config: ServerConfig) -> ArtifactSession:
     if not config.artifact.is_dir():
         raise StartupError(f"artifact folder not found: {config.artifact}")
     try:
-        session = ArtifactSession(config.artifact, config.precision, threads=config.intra_op_threads,
-                                  max_length=config.max_length, spinning=False)
+        session = ArtifactSession(
+            config.artifact,
+            config.precision,
+            threads=config.intra_op_threads,
+            max_length=config.max_length,
+            spinning=False,
+        )
     except ArtifactError as e:
         raise StartupError(f"refusing to serve: {e}") from None
     except Exception as e:  # ORT or tokenizers could not read a file that matches the manifest
@@ -91,16 +96,30 @@ def serve(config: ServerConfig) -> int:
     name = model_name(config)
     host, port = sock.getsockname()[:2]
     app = build_app(config, model, name)
-    uv = uvicorn.Server(uvicorn.Config(
-        app, lifespan="on", access_log=config.access_log, log_level="info" if config.access_log else "warning",
-        timeout_graceful_shutdown=config.graceful_timeout_s, server_header=False,
-    ))
+    uv = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            lifespan="on",
+            access_log=config.access_log,
+            log_level="info" if config.access_log else "warning",
+            timeout_graceful_shutdown=config.graceful_timeout_s,
+            server_header=False,
+        )
+    )
     if config.api_key is None and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("listening on %s without an API key", host)
     url_host = f"[{host}]" if ":" in host else host
-    log.info("serving %s (%s, %s intra-op threads, max batch %d, max wait %g ms, max queue %d) on http://%s:%d",
-             name, config.precision, config.intra_op_threads, config.max_batch, config.max_wait_ms, config.max_queue,
-             url_host, port)
+    log.info(
+        "serving %s (%s, %s intra-op threads, max batch %d, max wait %g ms, max queue %d) on http://%s:%d",
+        name,
+        config.precision,
+        config.intra_op_threads,
+        config.max_batch,
+        config.max_wait_ms,
+        config.max_queue,
+        url_host,
+        port,
+    )
     # uvicorn re-raises the signal that stopped it once it has drained; answered by a no-op here, the process
     # logs and exits 0 after a graceful stop instead of dying of that signal.
     if threading.current_thread() is threading.main_thread():

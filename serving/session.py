@@ -57,8 +57,15 @@ class ArtifactSession:
             threads would take the cores that its event loop needs between batches.
     """
 
-    def __init__(self, artifact: str | Path, precision: str = "fp32", threads: int | None = None,
-                 max_length: int = 128, verify: bool = True, spinning: bool = True) -> None:
+    def __init__(
+        self,
+        artifact: str | Path,
+        precision: str = "fp32",
+        threads: int | None = None,
+        max_length: int = 128,
+        verify: bool = True,
+        spinning: bool = True,
+    ) -> None:
         self.path = Path(artifact)
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
@@ -129,6 +136,5 @@ def top_labels(scores: np.ndarray, labels: list[str], top_k: int | None = 1) -> 
     """Per row of `scores`, the `top_k` labels (None: all) with their scores, best first (ties: lower id)."""
     k = len(labels) if top_k is None else top_k
     return [
-        [{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]]
-        for row in scores
+        [{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]] for row in scores
     ]

@@ -49,8 +49,15 @@ class InferRequest:
 
 
 def _type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def decode_json(body: bytes) -> Any:
@@ -64,8 +71,9 @@ def decode_json(body: bytes) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RequestError(400, f"request body is not valid UTF-8 (byte {body[e.start]:#04x} at offset {e.start})",
-                           "not_utf8") from None
+        raise RequestError(
+            400, f"request body is not valid UTF-8 (byte {body[e.start]:#04x} at offset {e.start})", "not_utf8"
+        ) from None
     try:
         return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
@@ -90,8 +98,9 @@ def _unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
     extra = sorted(k for k in obj if k not in allowed)
     if extra:
         names = ", ".join(repr(k)[:40] for k in extra[:5]) + (", ..." if len(extra) > 5 else "")
-        raise RequestError(422, f"unknown field(s) in {where}: {names}; allowed: {', '.join(allowed)}",
-                           "unknown_field")
+        raise RequestError(
+            422, f"unknown field(s) in {where}: {names}; allowed: {', '.join(allowed)}", "unknown_field"
+        )
 
 
 def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
@@ -99,19 +108,27 @@ def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
     if not texts:
         raise RequestError(422, f"{where} is an empty list; send at least one text", "empty_inputs")
     if len(texts) > limits.max_items:
-        raise RequestError(413, f"{where} has {len(texts)} texts; at most {limits.max_items} per request",
-                           "too_many_items")
+        raise RequestError(
+            413, f"{where} has {len(texts)} texts; at most {limits.max_items} per request", "too_many_items"
+        )
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise RequestError(422, f"{where}[{i}] is {_type(t)}; expected a string", "wrong_type")
         if len(t) > limits.max_text_chars:
-            raise RequestError(413, f"{where}[{i}] has {len(t)} characters; at most {limits.max_text_chars} (texts "
-                                    "within the limit are truncated to the model's max tokens)", "text_too_long")
+            raise RequestError(
+                413,
+                f"{where}[{i}] has {len(t)} characters; at most {limits.max_text_chars} (texts "
+                "within the limit are truncated to the model's max tokens)",
+                "text_too_long",
+            )
         try:
             t.encode("utf-8")
         except UnicodeEncodeError:
-            raise RequestError(422, f"{where}[{i}] is not valid Unicode text (it contains a lone surrogate "
-                                    "escape such as \\ud800)", "bad_text") from None
+            raise RequestError(
+                422,
+                f"{where}[{i}] is not valid Unicode text (it contains a lone surrogate escape such as \\ud800)",
+                "bad_text",
+            ) from None
     return texts
 
 
@@ -130,12 +147,16 @@ def parse_predict(payload: Any, limits: Limits) -> PredictRequest:
     _unknown_keys(params, ("top_k", "function_to_apply"), "'parameters'")
     top_k = params.get("top_k", 1)
     if top_k is not None and (type(top_k) is not int or top_k < 1):
-        raise RequestError(422, f"'parameters.top_k' must be a positive integer or null, not {top_k!r}"[:300],
-                           "bad_parameter")
+        raise RequestError(
+            422, f"'parameters.top_k' must be a positive integer or null, not {top_k!r}"[:300], "bad_parameter"
+        )
     function = params.get("function_to_apply", "softmax")
     if function not in FUNCTIONS:
-        raise RequestError(422, f"'parameters.function_to_apply' must be one of {', '.join(FUNCTIONS)}, "
-                                f"not {function!r}"[:300], "bad_parameter")
+        raise RequestError(
+            422,
+            f"'parameters.function_to_apply' must be one of {', '.join(FUNCTIONS)}, not {function!r}"[:300],
+            "bad_parameter",
+        )
     return PredictRequest(texts, single, top_k, function)
 
 
@@ -163,27 +184,40 @@ def parse_infer(payload: Any, limits: Limits) -> InferRequest:
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1:
         got = f"{len(inputs)} inputs" if isinstance(inputs, list) else _type(inputs)
-        raise RequestError(422, f"'inputs' must be a list of exactly one tensor (BYTES, named {INPUT_NAME!r}), "
-                                f"not {got}", "wrong_type")
+        raise RequestError(
+            422,
+            f"'inputs' must be a list of exactly one tensor (BYTES, named {INPUT_NAME!r}), not {got}",
+            "wrong_type",
+        )
     tensor = _object(inputs[0], "inputs[0]")
     _unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), "inputs[0]")
     if tensor.get("name") != INPUT_NAME:
-        raise RequestError(422, f"unknown input {tensor.get('name')!r}; this model takes one BYTES input named "
-                                f"{INPUT_NAME!r}"[:300], "unknown_input")
+        raise RequestError(
+            422,
+            f"unknown input {tensor.get('name')!r}; this model takes one BYTES input named {INPUT_NAME!r}"[:300],
+            "unknown_input",
+        )
     if tensor.get("datatype") != "BYTES":
-        raise RequestError(422, f"input 'text' must have datatype 'BYTES', not {tensor.get('datatype')!r}"[:300],
-                           "wrong_datatype")
+        raise RequestError(
+            422, f"input 'text' must have datatype 'BYTES', not {tensor.get('datatype')!r}"[:300], "wrong_datatype"
+        )
     shape = tensor.get("shape")
-    if (not isinstance(shape, list) or not shape or len(shape) > 2
-            or any(type(d) is not int or d < 0 for d in shape) or (len(shape) == 2 and shape[1] != 1)):
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or len(shape) > 2
+        or any(type(d) is not int or d < 0 for d in shape)
+        or (len(shape) == 2 and shape[1] != 1)
+    ):
         raise RequestError(422, f"input 'text' must have shape [N] or [N, 1], not {shape!r}"[:300], "bad_shape")
     data = tensor.get("data")
     if not isinstance(data, list):
         raise RequestError(422, f"input 'text' data must be a list of strings, not {_type(data)}", "wrong_type")
     texts = _flatten(data)
     if len(texts) != math.prod(shape):
-        raise RequestError(422, f"input 'text' has {len(texts)} elements but shape {shape} needs {math.prod(shape)}",
-                           "bad_shape")
+        raise RequestError(
+            422, f"input 'text' has {len(texts)} elements but shape {shape} needs {math.prod(shape)}", "bad_shape"
+        )
     check_texts(texts, "inputs[0].data", limits)
     return InferRequest(texts, request_id, _requested_outputs(body.get("outputs")))
 
@@ -197,7 +231,8 @@ def _requested_outputs(outputs: Any) -> tuple[str, ...]:
     for i, o in enumerate(outputs):
         name = _object(o, f"outputs[{i}]").get("name")
         if name not in OUTPUT_NAMES:
-            raise RequestError(422, f"unknown output {name!r}; outputs are {', '.join(OUTPUT_NAMES)}"[:300],
-                               "unknown_output")
+            raise RequestError(
+                422, f"unknown output {name!r}; outputs are {', '.join(OUTPUT_NAMES)}"[:300], "unknown_output"
+            )
         names.append(name)
     return tuple(dict.fromkeys(names))

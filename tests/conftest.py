@@ -20,7 +20,7 @@ def _isolated(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def base_dirs(tmp_path_factory):
     """Bare tiny encoders (like hub base models) for BERT and RoBERTa."""
-    from pipeline.testing import write_tiny_model_dir
+    from tests.helpers import write_tiny_model_dir
 
     root = tmp_path_factory.mktemp("base")
     return {kind: write_tiny_model_dir(root / kind, kind, classifier=False) for kind in ("bert", "roberta")}
@@ -29,7 +29,7 @@ def base_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def classifier_dirs(tmp_path_factory):
     """Tiny random sequence classifiers (usable as --teacher) for BERT and RoBERTa."""
-    from pipeline.testing import write_tiny_model_dir
+    from tests.helpers import write_tiny_model_dir
 
     root = tmp_path_factory.mktemp("clf")
     return {kind: write_tiny_model_dir(root / kind, kind, classifier=True) for kind in ("bert", "roberta")}

@@ -1,16 +1,19 @@
 """Tests for export/benchmark.py on real tiny BERT ONNX exports (CPU only, no timing asserts)."""
+
 import json
 import warnings
 
 import numpy as np
 import pytest
 
-from export.benchmark import (BenchConfig, benchmark, encoder_flops, make_inputs, make_session,
-                              plot_latency, speedups)
+from export.benchmark import benchmark, encoder_flops, make_inputs, plot_latency, speedups
+from export.sessions import make_session
+from pipeline.config.schema import BenchSettings
 
 VOCAB = 128
-CFG = BenchConfig(batch_sizes=(1, 2), seq_lens=(8,), warmup=1, min_runs=3, max_runs=5,
-                  max_seconds_per_cell=2.0, threads=1)
+CFG = BenchSettings(
+    batch_sizes=(1, 2), seq_lens=(8,), warmup=1, min_runs=3, max_runs=5, max_seconds_per_cell=2.0, threads=1
+)
 
 
 def _export(path, intermediate_size):
@@ -18,19 +21,29 @@ def _export(path, intermediate_size):
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=intermediate_size, vocab_size=VOCAB)).eval()
+    model = BertForSequenceClassification(
+        BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=intermediate_size,
+            vocab_size=VOCAB,
+        )
+    ).eval()
     ids = torch.randint(0, VOCAB, (2, 8))
     dyn = {0: "batch", 1: "seq"}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings from transformers' mask helpers
-        torch.onnx.export(model, (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(path),
-                          dynamo=False, opset_version=17,
-                          input_names=["input_ids", "attention_mask", "token_type_ids"],
-                          output_names=["logits"],
-                          dynamic_axes={"input_ids": dyn, "attention_mask": dyn,
-                                        "token_type_ids": dyn, "logits": {0: "batch"}})
+        torch.onnx.export(
+            model,
+            (ids, torch.ones_like(ids), torch.zeros_like(ids)),
+            str(path),
+            dynamo=False,
+            opset_version=17,
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["logits"],
+            dynamic_axes={"input_ids": dyn, "attention_mask": dyn, "token_type_ids": dyn, "logits": {0: "batch"}},
+        )
     return path
 
 
@@ -70,13 +83,16 @@ def test_interleaving_gives_equal_run_counts(result):
 
 def test_speedups(result):
     sp = speedups(result)
-    assert {(s["model"], s["batch"], s["seq"]) for s in sp if s["provider"] == "CPUExecutionProvider"} \
-        == {("compressed", 1, 8), ("compressed", 2, 8)}
+    assert {(s["model"], s["batch"], s["seq"]) for s in sp if s["provider"] == "CPUExecutionProvider"} == {
+        ("compressed", 1, 8),
+        ("compressed", 2, 8),
+    }
     by = {(c["model"], c["provider"], c["batch"]): c["p50_ms"] for c in result["cells"]}
     for s in sp:
         assert s["baseline"] == "dense"
         assert s["speedup_p50"] == pytest.approx(
-            by[("dense", s["provider"], s["batch"])] / by[(s["model"], s["provider"], s["batch"])])
+            by[("dense", s["provider"], s["batch"])] / by[(s["model"], s["provider"], s["batch"])]
+        )
     assert speedups(result, baseline="missing") == []
 
 
@@ -91,8 +107,9 @@ def test_make_inputs(models):
     big = make_inputs(["input_ids", "token_type_ids"], 4, 64, 30522)["input_ids"]
     assert big.min() >= 1000 and big.max() < 30522
     assert (make_inputs(["token_type_ids"], 1, 4, VOCAB)["token_type_ids"] == 0).all()
-    np.testing.assert_array_equal(make_inputs(names, 2, 5, VOCAB)["input_ids"],
-                                  make_inputs(names, 2, 5, VOCAB)["input_ids"])  # same seed, same ids
+    np.testing.assert_array_equal(
+        make_inputs(names, 2, 5, VOCAB)["input_ids"], make_inputs(names, 2, 5, VOCAB)["input_ids"]
+    )  # same seed, same ids
     assert sess.run(None, make_inputs(names, 2, 5, VOCAB))[0].shape == (2, 2)
     with pytest.raises(ValueError):
         make_inputs(["pixel_values"], 1, 4, VOCAB)
@@ -129,14 +146,16 @@ def test_cuda_pass_skips_int8_and_unusable_provider(models, monkeypatch):
     # for the float model, and the int8 model must be skipped by name before any session is made.
     import onnxruntime
 
-    monkeypatch.setattr(onnxruntime, "get_available_providers",
-                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
-    cfg = BenchConfig(batch_sizes=(1,), seq_lens=(8,), warmup=0, min_runs=1, max_runs=1, threads=1)
+    monkeypatch.setattr(
+        onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    cfg = BenchSettings(batch_sizes=(1,), seq_lens=(8,), warmup=0, min_runs=1, max_runs=1, threads=1)
     res = benchmark({"dense": models["dense"], "dense_int8": models["compressed"]}, VOCAB, cfg)
     assert {c["provider"] for c in res["cells"]} == {"CPUExecutionProvider"}
     skipped = {(s["model"], s["provider"]): s["reason"] for s in res["skipped"]}
     assert "CPU-oriented" in skipped[("dense_int8", "CUDAExecutionProvider")]
     assert ("dense", "CUDAExecutionProvider") in skipped
-    explicit = benchmark({"dense": models["dense"]}, VOCAB,
-                         BenchConfig(batch_sizes=(1,), seq_lens=(8,), providers=("NopeProvider",)))
+    explicit = benchmark(
+        {"dense": models["dense"]}, VOCAB, BenchSettings(batch_sizes=(1,), seq_lens=(8,), providers=("NopeProvider",))
+    )
     assert explicit["cells"] == [] and explicit["skipped"][0]["reason"] == "provider not available"

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
+from tests.helpers import LOOSE_INT8_GATE, quick_deploy, run_cli
 
 runner = CliRunner()
 
@@ -49,20 +50,71 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         (["--method", "mlp_fusion", "--task", "sst2", "--recipe", "missing.yaml"], "recipe not found"),
         (["--method", "smp", "--task", "sst2", "--set", "config.sparsity=1"], "sparsity: Input should be less than 1"),
         (["--method", "gmp", "--task", "sst2", "--set", "config.sparsity=-0.5"], "sparsity: Input should be greater"),
-        (["--method", "smp", "--task", "sst2", "--set", "config.mask.attention=neuron"], "mask.attention: Input should be"),
-        (["--method", "gmp", "--task", "sst2", "--set", "config.mask.ffn=block", "--set", "config.mask.block=[7,7]"],
-         "block 7x7 does not divide"),
-        (["--method", "smp", "--task", "sst2", "--steps", "100"], "prune_steps 420 is longer than the training budget"),
-        (["--method", "gmp", "--task", "sst2", "--set", "config.prune_every=900"], "prune_every 900 is longer than the pruning window"),
-        (["--method", "gmp", "--task", "sst2", "--set", "config.dense_cycles=4"], "train.cycles must be at least dense_cycles + 2 = 6"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.train.layer_kd=1"], "distill's hidden-state transfer is `hidden`"),
+        (
+            ["--method", "smp", "--task", "sst2", "--set", "config.mask.attention=neuron"],
+            "mask.attention: Input should be",
+        ),
+        (
+            [
+                "--method",
+                "gmp",
+                "--task",
+                "sst2",
+                "--set",
+                "config.mask.ffn=block",
+                "--set",
+                "config.mask.block=[7,7]",
+            ],
+            "block 7x7 does not divide",
+        ),
+        (
+            ["--method", "smp", "--task", "sst2", "--steps", "100"],
+            "prune_steps 420 is longer than the training budget",
+        ),
+        (
+            ["--method", "gmp", "--task", "sst2", "--set", "config.prune_every=900"],
+            "prune_every 900 is longer than the pruning window",
+        ),
+        (
+            ["--method", "gmp", "--task", "sst2", "--set", "config.dense_cycles=4"],
+            "train.cycles must be at least dense_cycles + 2 = 6",
+        ),
+        (
+            ["--method", "distill", "--task", "sst2", "--set", "config.train.layer_kd=1"],
+            "distill's hidden-state transfer is `hidden`",
+        ),
         (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"], "relation heads 5 do not divide the Q/K/V width 384"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=7"], "student layers 7 must be between 1 and the teacher's 6"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=[0,9]"], "must be distinct indices in [0, 6)"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.teacher_layer=9"], "teacher_layer 9 is out of range"),
-        (["--method", "distill", "--task", "sst2", "--set", "config.student.layers=4", "--set", "config.hidden=1",
-          "--set", "config.hidden_mapping=uniform"], "uniform"),
+        (
+            ["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"],
+            "relation heads 5 do not divide the Q/K/V width 384",
+        ),
+        (
+            ["--method", "distill", "--task", "sst2", "--set", "config.student.layers=7"],
+            "student layers 7 must be between 1 and the teacher's 6",
+        ),
+        (
+            ["--method", "distill", "--task", "sst2", "--set", "config.student.layers=[0,9]"],
+            "must be distinct indices in [0, 6)",
+        ),
+        (
+            ["--method", "distill", "--task", "sst2", "--set", "config.teacher_layer=9"],
+            "teacher_layer 9 is out of range",
+        ),
+        (
+            [
+                "--method",
+                "distill",
+                "--task",
+                "sst2",
+                "--set",
+                "config.student.layers=4",
+                "--set",
+                "config.hidden=1",
+                "--set",
+                "config.hidden_mapping=uniform",
+            ],
+            "uniform",
+        ),
     ],
 )
 def test_bad_arguments(args, needle):
@@ -74,12 +126,16 @@ def test_bad_arguments(args, needle):
 @pytest.mark.parametrize("how", ["config", "weights"])
 def test_corrupt_model_folder(base_dirs, tmp_path, how):
     bad = _corrupt_copy(base_dirs["bert"], tmp_path / "bad", how)
-    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt")
+    _one_line_error(
+        _deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt"
+    )
     assert not Path("out").exists()
 
 
 def test_teacher_must_be_a_classifier(base_dirs):
-    result = _deploy("--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out")
+    result = _deploy(
+        "--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out"
+    )
     _one_line_error(result, "not a fine-tuned sequence classifier")
 
 
@@ -88,7 +144,10 @@ def test_teacher_must_be_a_classifier(base_dirs):
     [
         ({"train.tsv": "sentence\tlabel\ngood\t1\n"}, "missing dev.tsv"),
         ({"train.tsv": "text\tlabel\ngood\t1\n", "dev.tsv": "text\tlabel\nbad\t0\n"}, "missing column(s) sentence"),
-        ({"train.tsv": "sentence\tlabel\ngood\t3\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "label '3' out of range"),
+        (
+            {"train.tsv": "sentence\tlabel\ngood\t3\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"},
+            "label '3' out of range",
+        ),
         ({"train.tsv": "sentence\tlabel\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "no examples"),
         ({"train.tsv": "", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "file is empty"),
     ],
@@ -97,7 +156,9 @@ def test_bad_data_folder(files, needle):
     Path("data").mkdir()
     for name, text in files.items():
         Path("data", name).write_text(text)
-    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--data-dir", "data", "--output", "out"), needle)
+    _one_line_error(
+        _deploy("--method", "mlp_fusion", "--task", "sst2", "--data-dir", "data", "--output", "out"), needle
+    )
     assert not Path("out").exists()
 
 
@@ -107,7 +168,9 @@ def test_output_path_that_is_a_file():
 
 
 def test_help_does_not_import_torch():
-    code = "import sys; from pipeline.cli import app; assert 'torch' not in sys.modules and 'prefect' not in sys.modules"
+    code = (
+        "import sys; from pipeline.cli import app; assert 'torch' not in sys.modules and 'prefect' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0 and "deploy" in result.output
@@ -119,47 +182,57 @@ def test_methods_and_tasks_listings():
     assert "sst2" in out and "mnli   3 labels" in out
 
 
-# A tiny random model scored on a few dozen dev sentences: one borderline sentence that int8 flips is 2-3 points,
-# and which one flips varies with thread timing in training. The int8 gate itself is tested in test_export.
-LOOSE_INT8_GATE = ("--set", "gates.int8_max_drop=100")
-
-
-def quick_deploy(method, model_dir, tmp_path, *extra):
-    """A deploy on a tiny model with a token budget and a one-cell benchmark; returns (process, artifact)."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
-    result = _run_cli([
-        "--method", method, "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path / "out"),
-        "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra,
-        "--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
-        "--set", "bench.min_runs=1", "--set", "bench.warmup=0", *LOOSE_INT8_GATE,
-    ], env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result, Path(result.stdout.strip().splitlines()[-1])
-
-
-def _run_cli(args, env):
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "deploy", *args], capture_output=True, text=True, env=env, timeout=600
-    )
-
-
 def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     """A real flow on a tiny model: artifact layout, manifest, Optimum loading; then a cached teacher and a
     failed gate that publishes nothing."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
     common = [
-        "--method", "mlp_fusion", "--task", "sst2", "--model", str(base_dirs["bert"]), "--output", str(tmp_path / "out"),
-        "--teacher-steps", "8", "--steps", "4", "--set", "config.tune_steps=2", "--max-train", "200", "--max-dev", "48",
-        "--set", "bench.batch_sizes=[1,8]", "--set", "bench.seq_lens=[32]", "--bench-runs", "3",
-        "--set", "bench.min_runs=2", "--set", "bench.warmup=1", *LOOSE_INT8_GATE,
+        "--method",
+        "mlp_fusion",
+        "--task",
+        "sst2",
+        "--model",
+        str(base_dirs["bert"]),
+        "--output",
+        str(tmp_path / "out"),
+        "--teacher-steps",
+        "8",
+        "--steps",
+        "4",
+        "--set",
+        "config.tune_steps=2",
+        "--max-train",
+        "200",
+        "--max-dev",
+        "48",
+        "--set",
+        "bench.batch_sizes=[1,8]",
+        "--set",
+        "bench.seq_lens=[32]",
+        "--bench-runs",
+        "3",
+        "--set",
+        "bench.min_runs=2",
+        "--set",
+        "bench.warmup=1",
+        *LOOSE_INT8_GATE,
     ]
-    first = _run_cli(common, env)
+    first = run_cli(common, env)
     assert first.returncode == 0, first.stderr[-3000:]
     artifact = Path(first.stdout.strip().splitlines()[-1])
     assert artifact.parent == tmp_path / "out" and artifact.name.startswith("sst2-mlp_fusion-")
     names = {p.name for p in artifact.iterdir()}
-    assert {"model.onnx", "model.int8.onnx", "config.json", "tokenizer.json", "pytorch", "report.json", "report.md",
-            "latency.png", "manifest.json"} <= names
+    assert {
+        "model.onnx",
+        "model.int8.onnx",
+        "config.json",
+        "tokenizer.json",
+        "pytorch",
+        "report.json",
+        "report.md",
+        "latency.png",
+        "manifest.json",
+    } <= names
     assert not (artifact / ".work").exists()
 
     from serving.session import check_integrity
@@ -186,8 +259,8 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     import shutil
 
     from export.parity import onnx_logits
-    from pipeline.data import load_task_data
-    from pipeline.encoding import encode
+    from pipeline.data.encoding import encode
+    from pipeline.data.loaders import load_task_data
     from serving.session import ArtifactError, ArtifactSession
 
     dev = load_task_data("sst2", source="sample", max_dev=48).dev
@@ -196,11 +269,11 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     assert abs(served - reference).max() < 1e-4
     tampered = shutil.copytree(artifact, tmp_path / "tampered")
     (tampered / "model.int8.onnx").write_bytes((tampered / "model.int8.onnx").read_bytes()[:-1] + b"\0")
-    with pytest.raises(ArtifactError, match="model.int8.onnx"):
+    with pytest.raises(ArtifactError, match=r"model\.int8\.onnx"):
         ArtifactSession(tampered, precision="int8")
     shutil.rmtree(tampered)
 
-    second = _run_cli([*common, "--set", "gates.onnx_atol=1e-12"], env)  # an impossible parity bar
+    second = run_cli([*common, "--set", "gates.onnx_atol=1e-12"], env)  # an impossible parity bar
     assert second.returncode == 1
     assert "error: validation failed: ONNX fp32 vs torch" in second.stderr
     assert "(cached)" in second.stderr  # the teacher and the compressed model were reused
@@ -227,4 +300,3 @@ def test_structured_pruning_deploys_smaller_models(base_dirs, tmp_path, method, 
     assert sum(compaction["removed_ffn_neurons"]) == mask["neuron"]["units"] - mask["neuron"]["kept"]
     config = json.loads((artifact / "config.json").read_text())
     assert config["layer_heads"] == compaction["heads"] and config["intermediate_sizes"] == compaction["ffn_widths"]
-

@@ -5,23 +5,15 @@ import json
 import pytest
 import torch
 
-from pipeline.compaction import compact_
+from pipeline.compress.compaction import compact_
+from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.compress.methods.mlp_fusion.stage import fuse_
 from pipeline.errors import PipelineError
-from pipeline.methods.mlp_fusion.config import MlpFusionConfig
-from pipeline.methods.mlp_fusion.stage import fuse_
-from pipeline.modeling import HeadlessAttention, encoder_layers, ffn_widths, head_counts, load_model, save_model
-from pipeline.testing import tiny_model
+from pipeline.models.io import load_model, save_model
+from pipeline.models.layers import HeadlessAttention, encoder_layers, ffn_widths, head_counts
+from tests.helpers import sample_logits, tiny_model
 
 ATOL = 1e-5  # the design's compaction bar
-
-
-def _logits(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, 300, (4, 12), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 7:] = 0
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
@@ -29,17 +21,17 @@ def _logits(model, seed=0):
 def test_fold_scale_is_exact_and_reloads(kind, ratio, tmp_path):
     model = tiny_model(kind, layers=3)
     fuse_(model, MlpFusionConfig(ratio=ratio, layers=[0, 2]))
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["folded_scale_layers"] == [0, 2]
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
     save_model(model, None, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     width = round(64 * ratio)
     assert cfg["intermediate_sizes"] == [width, 64, width] and cfg["layer_heads"] == [2, 2, 2]
     reloaded = load_model(tmp_path)
     assert ffn_widths(reloaded) == [width, 64, width]
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
 def test_uncompacted_fused_model_round_trips_with_its_scale(tmp_path):
@@ -48,7 +40,7 @@ def test_uncompacted_fused_model_round_trips_with_its_scale(tmp_path):
     save_model(model, None, tmp_path)
     reloaded = load_model(tmp_path)
     assert torch.equal(encoder_layers(reloaded)[0].intermediate.scale, encoder_layers(model)[0].intermediate.scale)
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
@@ -59,11 +51,11 @@ def test_dead_neurons_are_removed_exactly(kind):
         layers[0].output.dense.weight[:, :10] = 0  # silent neurons: no output weight
         layers[0].intermediate.dense.weight[10:20] = 0  # constant neurons: act(b1) * W2 column goes into b2
         layers[1].output.dense.weight.zero_()  # a layer with every FFN neuron removed
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["removed_ffn_neurons"] == [20, 64, 0]
     assert ffn_widths(model) == [44, 0, 64]
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
 
 
 def test_zero_width_layer_saves_and_reloads(tmp_path):
@@ -74,7 +66,7 @@ def test_zero_width_layer_saves_and_reloads(tmp_path):
     save_model(model, None, tmp_path)
     reloaded = load_model(tmp_path)
     assert ffn_widths(reloaded) == [64, 0]
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
 def test_plain_transformers_refuses_compacted_folder_loudly(tmp_path):
@@ -101,7 +93,7 @@ def test_declared_widths_that_disagree_with_weights_fail(tmp_path):
 
 def test_fewer_heads_reload_at_their_size(tmp_path):
     """Per-layer head counts (for the pruning methods) reload without prune_heads."""
-    from pipeline.modeling import resize_heads_
+    from pipeline.models.layers import resize_heads_
 
     model = tiny_model("bert")
     layer = encoder_layers(model)[0]
@@ -115,7 +107,7 @@ def test_fewer_heads_reload_at_their_size(tmp_path):
     save_model(model, None, tmp_path)
     reloaded = load_model(tmp_path)
     assert head_counts(reloaded) == [1, 2]
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
 # Attention heads. tiny_model(heads=4): head h is rows h*8..(h+1)*8 of W_Q/W_K/W_V and those columns of W_O.
@@ -149,17 +141,17 @@ def test_silent_heads_are_removed_exactly(kind, tmp_path):
     with torch.no_grad():
         _silence(layers[0], 1, 3)
         _silence(layers[2], 0)
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["heads_before"] == [4, 4, 4]
     assert report["heads"] == head_counts(model) == [2, 4, 3] and report["removed_heads"] == [2, 0, 1]
     assert torch.equal(layers[0].attention.self.query.weight, kept_q)  # the right heads survive, in order
     assert layers[0].attention.self.all_head_size == 16 and layers[0].attention.output.dense.in_features == 16
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
     save_model(model, None, tmp_path)
     reloaded = load_model(tmp_path)
     assert head_counts(reloaded) == [2, 4, 3]
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
@@ -171,11 +163,11 @@ def test_constant_value_heads_fold_into_output_bias(kind):
         _constant(layers[0], 0, 2)
         _constant(layers[1], 3, seed=1)
     bias = layers[0].attention.output.dense.bias.clone()
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["heads"] == [2, 3, 4] and report["removed_heads"] == [2, 1, 0]
     assert (layers[0].attention.output.dense.bias - bias).abs().max() > 0.1  # a real fold, not a no-op
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
@@ -187,12 +179,12 @@ def test_headless_and_zero_width_layers_save_and_reload_exactly(kind, tmp_path):
         _constant(layers[0], 2, 3)  # layer 0: no head left; its output is LayerNorm(b_O + folded b_V + x)
         layers[1].output.dense.weight.zero_()  # layer 1: no FFN neuron left
         _constant(layers[2], 1)
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["heads"] == [0, 4, 3] and report["removed_heads"] == [4, 0, 1]
     assert report["ffn_widths"] == [64, 0, 64]
     assert isinstance(layers[0].attention, HeadlessAttention)
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
 
     save_model(model, None, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
@@ -200,10 +192,12 @@ def test_headless_and_zero_width_layers_save_and_reload_exactly(kind, tmp_path):
     reloaded = load_model(tmp_path)
     assert isinstance(encoder_layers(reloaded)[0].attention, HeadlessAttention)
     assert head_counts(reloaded) == [0, 4, 3] and ffn_widths(reloaded) == [64, 0, 64]
-    assert torch.equal(_logits(reloaded), _logits(model))
+    assert torch.equal(sample_logits(reloaded), sample_logits(model))
     prefix = f"{model.base_model_prefix}.encoder.layer.0.attention"
     assert {k for k in reloaded.state_dict() if k.startswith(prefix)} == {
-        f"{prefix}.output.dense.bias", f"{prefix}.output.LayerNorm.weight", f"{prefix}.output.LayerNorm.bias"
+        f"{prefix}.output.dense.bias",
+        f"{prefix}.output.LayerNorm.weight",
+        f"{prefix}.output.LayerNorm.bias",
     }
 
     # the config must agree with the weights about the headless layer too
@@ -236,7 +230,7 @@ def test_head_with_only_empty_query_is_kept(kind):
     with torch.no_grad():
         q.weight[_rows(1)] = 0
         q.bias[_rows(1)] = torch.randn(D, generator=torch.Generator().manual_seed(0))
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
     assert report["heads"] == [4, 4, 4] and report["removed_heads"] == [0, 0, 0]
-    assert torch.equal(before, _logits(model))
+    assert torch.equal(before, sample_logits(model))

@@ -2,11 +2,13 @@
 
 import pytest
 
-from pipeline.config import RECIPES_DIR, DeployConfig, apply_override, build_deploy_config, default_recipe_path
-from pipeline.data import load_task_data, resolve_source
+from pipeline.compress.registry import get_method, method_config, methods
+from pipeline.config.recipes import RECIPES_DIR, TEACHERS_DIR, apply_override, default_recipe_path, read_yaml_mapping
+from pipeline.config.schema import DeployConfig, TrainConfig
+from pipeline.data.loaders import load_task_data, resolve_source
+from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
-from pipeline.registry import get_method, methods
-from pipeline.tasks import TASKS, get_task
+from pipeline.request import build_deploy_config
 
 
 def _write(path, header, rows):
@@ -26,7 +28,9 @@ def test_sample_is_used_offline_and_says_so():
 def test_pair_task_from_tsv(tmp_path):
     rows = [("a man plays", "someone plays", "entailment"), ("a cat sleeps", "a dog barks", "not_entailment")]
     for name in ("train.tsv", "dev.tsv"):
-        _write(tmp_path / name, ["index", "sentence1", "sentence2", "label"], [(str(i), *r) for i, r in enumerate(rows)])
+        _write(
+            tmp_path / name, ["index", "sentence1", "sentence2", "label"], [(str(i), *r) for i, r in enumerate(rows)]
+        )
     data = load_task_data("rte", tmp_path)
     assert data.train.texts[0] == ("a man plays", "someone plays") and data.train.labels == [0, 1]
     assert data.task.is_pair and "GLUE TSV folder" in data.source
@@ -45,9 +49,21 @@ def test_limits_take_a_seeded_train_subset_and_dev_head():
     ("files", "message"),
     [
         ({}, "missing train.tsv"),
-        ({"train.tsv": (["text", "label"], [("good", "1")]), "dev.tsv": (["text", "label"], [("bad", "0")])}, "missing column"),
-        ({"train.tsv": (["sentence", "label"], [("good", "2")]), "dev.tsv": (["sentence", "label"], [("bad", "0")])}, "out of range"),
-        ({"train.tsv": (["sentence", "label"], []), "dev.tsv": (["sentence", "label"], [("bad", "0")])}, "no examples"),
+        (
+            {"train.tsv": (["text", "label"], [("good", "1")]), "dev.tsv": (["text", "label"], [("bad", "0")])},
+            "missing column",
+        ),
+        (
+            {
+                "train.tsv": (["sentence", "label"], [("good", "2")]),
+                "dev.tsv": (["sentence", "label"], [("bad", "0")]),
+            },
+            "out of range",
+        ),
+        (
+            {"train.tsv": (["sentence", "label"], []), "dev.tsv": (["sentence", "label"], [("bad", "0")])},
+            "no examples",
+        ),
     ],
 )
 def test_bad_data_folders(tmp_path, files, message):
@@ -79,8 +95,10 @@ def test_registry_covers_every_method_with_a_default_recipe():
 
 
 def test_recipe_overrides_and_validation(tmp_path):
-    cfg = build_deploy_config("mlp_fusion", "sst2", overrides=["config.ratio=0.5", "teacher.max_steps=7", "bench.seq_lens=[16]"])
-    assert cfg.method_config().ratio == 0.5 and cfg.teacher.max_steps == 7 and cfg.bench.seq_lens == (16,)
+    cfg = build_deploy_config(
+        "mlp_fusion", "sst2", overrides=["config.ratio=0.5", "teacher.max_steps=7", "bench.seq_lens=[16]"]
+    )
+    assert method_config(cfg).ratio == 0.5 and cfg.teacher.max_steps == 7 and cfg.bench.seq_lens == (16,)
     for bad, message in [
         ("config.ratio=0", "greater than 0"),
         ("config.ratio=1.5", "less than or equal to 1"),
@@ -92,7 +110,7 @@ def test_recipe_overrides_and_validation(tmp_path):
             build_deploy_config("mlp_fusion", "sst2", overrides=[bad])
     recipe = tmp_path / "r.yaml"
     recipe.write_text("method: mlp_fusion\nconfig:\n  ratio: 0.5\n  layers: [1]\n")
-    assert build_deploy_config("mlp_fusion", "sst2", recipe).method_config().layers == [1]
+    assert method_config(build_deploy_config("mlp_fusion", "sst2", recipe)).layers == [1]
     recipe.write_text("method: mlp_fusion\nconfig: [1, 2\n")
     with pytest.raises(PipelineError, match="not valid YAML"):
         build_deploy_config("mlp_fusion", "sst2", recipe)
@@ -108,3 +126,36 @@ def test_apply_override_parses_yaml_values():
     apply_override(data, "a.b=[1, 2]")
     apply_override(data, "a.c=null")
     assert data == {"a": {"b": [1, 2], "c": None}}
+
+
+def test_every_cpu_recipe_shares_one_teacher_definition():
+    """The teacher is part of its cache key: every packaged CPU recipe must resolve to the one shared definition,
+    so methods reuse one cached teacher; an inline mapping and `--set teacher=NAME` still work."""
+    shared = read_yaml_mapping(TEACHERS_DIR / "default.yaml", "teacher definition")
+    for m in methods():
+        for recipe in (RECIPES_DIR / m.name).glob("*.yaml"):
+            cfg = build_deploy_config(m.name, "sst2", recipe.stem)
+            if recipe.stem != "paper":
+                assert cfg.teacher.model_dump() == TrainConfig(**shared).model_dump(), recipe
+    assert build_deploy_config("gmp", "sst2", "paper").teacher.lr == 2e-5
+    assert build_deploy_config("smp", "sst2", overrides=["teacher=paper"]).teacher.max_steps == 6315
+    with pytest.raises(PipelineError, match="unknown teacher definition 'nope'; known: default, paper"):
+        build_deploy_config("smp", "sst2", overrides=["teacher=nope"])
+
+
+def test_a_task_without_its_own_recipe_gets_the_methods_defaults():
+    """Not the pydantic defaults: smp keeps its 250 recovery steps on rte as on sst2."""
+    for task in ("sst2", "rte", "mrpc"):
+        assert method_config(build_deploy_config("smp", task)).recover_steps == 250
+        assert method_config(build_deploy_config("mlp_fusion", task)).tune_steps == 60
+
+
+def test_a_training_phase_is_not_capped_by_epochs():
+    """A sub-phase runs exactly its steps, however small the training set (mlp_fusion's tuning was capped at one
+    epoch: 32 steps instead of 60 on the 1,000-sentence sample)."""
+    from pipeline.train.loop import num_steps
+
+    cfg = TrainConfig(max_steps=300, epochs=3.0, lr=5e-5, kd_alpha=0.5)
+    phase = cfg.phase(60, 1e-4, warmup_ratio=0.1)
+    assert num_steps(phase, 1000) == 60 and phase.lr == 1e-4 and phase.warmup_ratio == 0.1 and phase.kd_alpha == 0.5
+    assert num_steps(cfg, 1000) == 94  # the task phase keeps its epoch cap

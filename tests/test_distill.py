@@ -5,12 +5,12 @@ import json
 import pytest
 import torch
 
+from pipeline.compress.methods.distill.config import StudentConfig, check_student_folder
+from pipeline.compress.methods.distill.students import build_student, narrow_, pick_layers
+from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
-from pipeline.methods.distill.config import StudentConfig
-from pipeline.methods.distill.students import build_student, check_student_folder, narrow_, pick_layers
-from pipeline.modeling import encoder_layers, ffn_widths, head_counts
-from pipeline.tasks import get_task
-from pipeline.testing import tiny_model
+from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
+from tests.helpers import tiny_model
 
 
 def test_layer_picks():
@@ -55,12 +55,24 @@ def test_student_folder_must_tokenize_like_the_teacher(base_dirs):
 
 
 def test_distill_deploys_a_shallower_student(base_dirs, tmp_path):
-    from tests.test_cli import quick_deploy
+    from tests.helpers import quick_deploy
 
     _, artifact = quick_deploy(
-        "distill", base_dirs["bert"], tmp_path, "--steps", "3",
-        "--set", "config.student.layers=1", "--set", "config.relation_heads=4", "--set", "config.hidden=1.0",
-        "--set", "config.hidden_mapping=uniform_last", "--set", "config.transfer_steps=2",
+        "distill",
+        base_dirs["bert"],
+        tmp_path,
+        "--steps",
+        "3",
+        "--set",
+        "config.student.layers=1",
+        "--set",
+        "config.relation_heads=4",
+        "--set",
+        "config.hidden=1.0",
+        "--set",
+        "config.hidden_mapping=uniform_last",
+        "--set",
+        "config.transfer_steps=2",
     )
     report = json.loads((artifact / "report.json").read_text())
     assert report["validation"]["passed"]

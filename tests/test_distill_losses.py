@@ -8,19 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import PipelineError
-from pipeline.methods.distill.losses import (
+from pipeline.compress.methods.distill.losses import (
     STRATEGIES,
-    HiddenProjections,
-    hidden_loss,
     layer_mapping,
-    output_kd_loss,
     relation_log_probs,
     relation_loss,
     relation_vectors,
 )
-from pipeline.modeling import encoder_layers
-from pipeline.testing import tiny_model
+from pipeline.errors import PipelineError
+from pipeline.models.layers import encoder_layers
+from pipeline.train.losses import HiddenProjections, hidden_loss, output_kd_loss
+from tests.helpers import tiny_model
 
 ALL_PAIRS = [a + b for a in "QKV" for b in "QKV"]
 MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])  # a padded batch: lengths 5, 3, 2
@@ -299,7 +297,9 @@ def test_hidden_projections_start_as_identity_at_equal_widths():
             diff = (student[i] - teacher[j])[MASK.bool()]
             plain += diff.square().mean().item()
     assert hidden_loss(student, teacher, mapping, projections, MASK).item() == pytest.approx(plain, rel=1e-6)
-    assert hidden_loss(student, teacher, mapping, None, MASK).item() == pytest.approx(plain, rel=1e-6)  # no projections
+    assert hidden_loss(student, teacher, mapping, None, MASK).item() == pytest.approx(
+        plain, rel=1e-6
+    )  # no projections
     raises_one_line(hidden_loss, hidden_tuple(12, 6, 16), teacher, mapping, None, MASK, match="do not match")
     same = {i: [i] for i in range(1, 7)}  # a student that is the teacher's first 6 layers: exactly 0
     assert hidden_loss(teacher[:7], teacher, same, HiddenProjections(same, 32, 32), MASK).item() == 0.0
@@ -309,13 +309,34 @@ def test_hidden_bad_inputs_raise_one_line():
     mapping = layer_mapping("last", 6, 3)
     student, teacher = hidden_tuple(14, 3, 16), hidden_tuple(15, 6, 32)
     projections = HiddenProjections(mapping, 16, 32)
-    raises_one_line(hidden_loss, student, teacher, {4: [6]}, HiddenProjections({4: [6]}, 16, 32), MASK,
-                    match="student layer 4 is out of range .the student has 3 layers")
-    raises_one_line(hidden_loss, student, teacher, {3: [7]}, HiddenProjections({3: [7]}, 16, 32), MASK,
-                    match="teacher layer 7 is out of range")
+    raises_one_line(
+        hidden_loss,
+        student,
+        teacher,
+        {4: [6]},
+        HiddenProjections({4: [6]}, 16, 32),
+        MASK,
+        match="student layer 4 is out of range .the student has 3 layers",
+    )
+    raises_one_line(
+        hidden_loss,
+        student,
+        teacher,
+        {3: [7]},
+        HiddenProjections({3: [7]}, 16, 32),
+        MASK,
+        match="teacher layer 7 is out of range",
+    )
     raises_one_line(hidden_loss, student, teacher, {1: [2]}, projections, MASK, match="no hidden-state projection")
-    raises_one_line(hidden_loss, student, teacher, mapping, HiddenProjections(mapping, 32, 32), MASK,
-                    match="do not match the projections")
+    raises_one_line(
+        hidden_loss,
+        student,
+        teacher,
+        mapping,
+        HiddenProjections(mapping, 32, 32),
+        MASK,
+        match="do not match the projections",
+    )
     raises_one_line(hidden_loss, student, teacher, {}, projections, MASK, match="mapping is empty")
     raises_one_line(hidden_loss, student, teacher, mapping, projections, MASK[:, :4], match="attention_mask has shape")
     raises_one_line(hidden_loss, student, teacher, mapping, projections, torch.zeros_like(MASK), match="no real token")

@@ -7,14 +7,14 @@ import torch
 from export.onnx import export_optimized, op_counts
 from export.parity import compare_logits, onnx_logits
 from export.validate import gate_failures
-from pipeline.compaction import compact_
-from pipeline.config import Gates
-from pipeline.data import load_task_data
-from pipeline.encoding import encode
-from pipeline.evaluation import predict_logits
-from pipeline.methods.mlp_fusion.config import MlpFusionConfig
-from pipeline.methods.mlp_fusion.stage import fuse_
-from pipeline.testing import tiny_model, tiny_tokenizer
+from pipeline.compress.compaction import compact_
+from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.compress.methods.mlp_fusion.stage import fuse_
+from pipeline.config.schema import Gates
+from pipeline.data.encoding import encode
+from pipeline.data.loaders import load_task_data
+from pipeline.train.metrics import predict_logits
+from tests.helpers import tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +79,24 @@ def test_ort_runs_the_same_batches_as_torch(dev_texts, tmp_path):
     model, tokenizer = tiny_model("bert"), tiny_tokenizer("bert")
     export_optimized(model, tokenizer, tmp_path)
     enc = encode(tokenizer, dev_texts, 64)
-    single = np.stack([onnx_logits(tmp_path / "model.onnx", encode(tokenizer, type(dev_texts)([t], [y]), 64))[0]
-                       for t, y in zip(dev_texts.texts[:5], dev_texts.labels[:5])])
+    single = np.stack(
+        [
+            onnx_logits(tmp_path / "model.onnx", encode(tokenizer, type(dev_texts)([t], [y]), 64))[0]
+            for t, y in zip(dev_texts.texts[:5], dev_texts.labels[:5], strict=True)
+        ]
+    )
     batched = onnx_logits(tmp_path / "model.onnx", enc, batch_size=32)[:5]
     assert np.abs(single - batched).max() < 1e-4
-    torch_single = predict_logits(model, encode(tokenizer, type(dev_texts)(dev_texts.texts[:5], dev_texts.labels[:5]), 64))
+    torch_single = predict_logits(
+        model, encode(tokenizer, type(dev_texts)(dev_texts.texts[:5], dev_texts.labels[:5]), 64)
+    )
     assert np.abs(torch_single - batched).max() < 1e-4
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 def test_model_with_headless_and_zero_width_layers_exports_with_parity(kind, dev_texts, tmp_path):
     """Heads [0, 3, 1] and FFN widths [64, 0, 64]: ORT runs it, fuses attention where heads remain, quantises it."""
-    from pipeline.modeling import encoder_layers
+    from pipeline.models.layers import encoder_layers
 
     model = tiny_model(kind, layers=3, heads=4)
     layers = encoder_layers(model)

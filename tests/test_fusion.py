@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.methods.mlp_fusion.config import MlpFusionConfig
-from pipeline.methods.mlp_fusion.stage import fuse_, fused_layers, layerwise_mse
-from pipeline.modeling import ScaledIntermediate, encoder_layers, ffn_widths
+from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.compress.methods.mlp_fusion.stage import fuse_, fused_layers, layerwise_mse
 from pipeline.errors import PipelineError
-from pipeline.testing import tiny_model
+from pipeline.models.layers import ScaledIntermediate, encoder_layers, ffn_widths
+from tests.helpers import tiny_model
 
 
 def _inputs(seed=0):
@@ -57,7 +57,11 @@ def test_standalone_p_trains_like_replicated_full_width_mlp():
     labels = torch.arange(width) % k
     labels[:3] = 0  # uneven cluster sizes: 4, 2, 3, 3
     counts = torch.bincount(labels, minlength=k).double()
-    w1, b1, w2 = torch.randn(k, d, dtype=torch.float64), torch.randn(k, dtype=torch.float64), torch.randn(d, k, dtype=torch.float64)
+    w1, b1, w2 = (
+        torch.randn(k, d, dtype=torch.float64),
+        torch.randn(k, dtype=torch.float64),
+        torch.randn(d, k, dtype=torch.float64),
+    )
     b2 = torch.randn(d, dtype=torch.float64)
 
     fc1, fc2 = nn.Linear(d, k).double(), nn.Linear(k, d).double()
@@ -67,7 +71,12 @@ def test_standalone_p_trains_like_replicated_full_width_mlp():
 
     rep1, rep2 = nn.Linear(d, width).double(), nn.Linear(width, d).double()
     with torch.no_grad():  # replicate every centroid to each member neuron (untied copies)
-        rep1.weight.copy_(w1[labels]), rep1.bias.copy_(b1[labels]), rep2.weight.copy_(w2[:, labels]), rep2.bias.copy_(b2)
+        (
+            rep1.weight.copy_(w1[labels]),
+            rep1.bias.copy_(b1[labels]),
+            rep2.weight.copy_(w2[:, labels]),
+            rep2.bias.copy_(b2),
+        )
     replicated = nn.Sequential(rep1, nn.GELU(), rep2)
 
     fc1b, fc2b = copy.deepcopy(fc1), copy.deepcopy(fc2)
@@ -81,7 +90,7 @@ def test_standalone_p_trains_like_replicated_full_width_mlp():
     assert torch.allclose(folded(x), replicated(x), atol=1e-12)  # same forward pass...
     opts = [torch.optim.Adam(m.parameters(), lr=1e-2, eps=1e-30) for m in models]
     for _ in range(100):
-        for m, opt in zip(models, opts):
+        for m, opt in zip(models, opts, strict=True):
             opt.zero_grad()
             ((m(x) - target) ** 2).mean().backward()
             opt.step()

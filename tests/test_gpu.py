@@ -2,11 +2,11 @@
 
 import pytest
 
-from pipeline.config import TrainConfig
-from pipeline.data import load_task_data
-from pipeline.encoding import encode_task
-from pipeline.testing import tiny_model, tiny_tokenizer
-from pipeline.training import train
+from pipeline.config.schema import TrainConfig
+from pipeline.data.encoding import encode_task
+from pipeline.data.loaders import load_task_data
+from pipeline.train.loop import train
+from tests.helpers import tiny_model, tiny_tokenizer
 
 
 @pytest.mark.gpu
@@ -22,14 +22,18 @@ def test_training_loop_runs_on_cuda_and_returns_to_cpu():
 def test_benchmark_cuda_pass(tmp_path):
     import onnxruntime as ort
 
-    from export.benchmark import BenchConfig, benchmark
+    from export.benchmark import benchmark
     from export.onnx import export_optimized
+    from pipeline.config.schema import BenchSettings
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("onnxruntime-gpu is not installed")
     export_optimized(tiny_model("bert"), tiny_tokenizer("bert"), tmp_path)
-    result = benchmark({"dense": tmp_path / "model.onnx", "int8": tmp_path / "model.int8.onnx"}, 400,
-                       BenchConfig(batch_sizes=(1,), seq_lens=(16,), warmup=1, min_runs=2, max_runs=3))
+    result = benchmark(
+        {"dense": tmp_path / "model.onnx", "int8": tmp_path / "model.int8.onnx"},
+        400,
+        BenchSettings(batch_sizes=(1,), seq_lens=(16,), warmup=1, min_runs=2, max_runs=3),
+    )
     providers = {c["provider"] for c in result["cells"]}
     assert "CUDAExecutionProvider" in providers
     assert any(s["model"] == "int8" and s["provider"] == "CUDAExecutionProvider" for s in result["skipped"])

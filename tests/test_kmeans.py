@@ -1,11 +1,11 @@
-"""Tests for pipeline.methods.mlp_fusion.kmeans (torch k-means used by MLP Fusion)."""
+"""Tests for pipeline.compress.methods.mlp_fusion.kmeans (torch k-means used by MLP Fusion)."""
 
 import numpy as np
 import pytest
 import torch
 
-import pipeline.methods.mlp_fusion.kmeans as km
-from pipeline.methods.mlp_fusion.kmeans import KMeansResult, kmeans, kmeans_batched
+import pipeline.compress.methods.mlp_fusion.kmeans as km
+from pipeline.compress.methods.mlp_fusion.kmeans import KMeansResult, kmeans, kmeans_batched
 
 
 def _blobs(n_per=20, k=5, d=8, seed=0):

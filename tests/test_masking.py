@@ -6,15 +6,16 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config import MaskConfig, TrainConfig
+from pipeline.compress.masking import MaskedLinear, Masker
+from pipeline.compress.methods.gmp.config import GmpConfig
+from pipeline.compress.methods.gmp.stage import prune_schedule
+from pipeline.compress.methods.smp.config import SmpConfig
+from pipeline.compress.selection import cubic, kept_count, ste_topk, topk_mask
+from pipeline.config.schema import MaskConfig, TrainConfig
 from pipeline.errors import PipelineError
-from pipeline.masking import Masker, MaskedLinear, cubic, kept_count, ste_topk, topk_mask
-from pipeline.methods.gmp.config import GmpConfig
-from pipeline.methods.gmp.stage import prune_schedule
-from pipeline.methods.smp.config import SmpConfig
-from pipeline.modeling import encoder_layers
-from pipeline.testing import tiny_model
-from pipeline.training import lr_factor
+from pipeline.models.layers import encoder_layers
+from pipeline.train.loop import lr_factor
+from tests.helpers import tiny_model
 
 
 def test_cubic_schedule_hand_values():
@@ -26,7 +27,12 @@ def test_cubic_schedule_hand_values():
     cfg = GmpConfig(sparsity=0.9, initial_sparsity=0.7, prune_every=20, train=TrainConfig(max_steps=100, cycles=5))
     sched = prune_schedule(cfg, 100)
     assert list(sched) == [20, 40, 60, 80]
-    assert [round(v, 5) for v in sched.values()] == [0.7, round(0.9 - 0.2 * (2 / 3) ** 3, 5), round(0.9 - 0.2 / 27, 5), 0.9]
+    assert [round(v, 5) for v in sched.values()] == [
+        0.7,
+        round(0.9 - 0.2 * (2 / 3) ** 3, 5),
+        round(0.9 - 0.2 / 27, 5),
+        0.9,
+    ]
     # Starting from the fine-tuned teacher, no dense cycle: 100 steps in 2 cycles -> pruning at 0, 20, 40, 50
     # (cubic 0.9 - 0.6 (1 - t/50)^3: 0.3, 0.9 - 0.6 * 0.216, 0.9 - 0.6 * 0.008, 0.9), fixed after 50.
     cfg = GmpConfig(sparsity=0.9, initial_sparsity=0.3, dense_cycles=0, train=TrainConfig(max_steps=100, cycles=2))
@@ -39,7 +45,11 @@ def test_learning_rate_rewarms_every_cycle():
     # 20 steps, 2 cycles, no warm-up: linear decay 1.0 -> 0.1 twice.
     assert [round(lr_factor(s, 20, 0.0, 2), 3) for s in range(20)] == [round(1 - i / 10, 3) for i in range(10)] * 2
     # one cycle with warm-up is the usual schedule
-    assert lr_factor(0, 20, 0.1, 1) == 0.5 and lr_factor(1, 20, 0.1, 1) == 1.0 and lr_factor(19, 20, 0.1, 1) == pytest.approx(1 / 18)
+    assert (
+        lr_factor(0, 20, 0.1, 1) == 0.5
+        and lr_factor(1, 20, 0.1, 1) == 1.0
+        and lr_factor(19, 20, 0.1, 1) == pytest.approx(1 / 18)
+    )
 
 
 def test_topk_mask_is_exact_with_ties_and_straight_through():
@@ -78,8 +88,14 @@ def test_gmp_uniform_sparsity_per_matrix_by_magnitude():
     masker.refresh("local", scores={g.name: g.magnitude() for g in masker.groups})
     masker.detach_(model)
     for layer in encoder_layers(model):
-        for lin in (layer.attention.self.query, layer.attention.self.key, layer.attention.self.value,
-                    layer.attention.output.dense, layer.intermediate.dense, layer.output.dense):
+        for lin in (
+            layer.attention.self.query,
+            layer.attention.self.key,
+            layer.attention.self.value,
+            layer.attention.output.dense,
+            layer.intermediate.dense,
+            layer.output.dense,
+        ):
             assert type(lin) is nn.Linear
             assert int((lin.weight != 0).sum()) == math.floor(0.25 * lin.weight.numel())  # same sparsity everywhere
     # w_i = i - 500 over 1024 entries: 255 entries have |w| >= 385 (i <= 115 or i >= 885); the 256th slot goes
@@ -102,7 +118,9 @@ def test_structured_masks_gate_rows_columns_and_blocks():
     for lin in (att.query, att.key, att.value):
         assert lin.weight[d:].abs().sum() == 0 and (lin.weight[:d] != 0).all()
     assert layer.attention.output.dense.weight[:, d:].abs().sum() == 0
-    assert layer.intermediate.dense.weight[0::2].abs().sum() == 0 and layer.output.dense.weight[:, 0::2].abs().sum() == 0
+    assert (
+        layer.intermediate.dense.weight[0::2].abs().sum() == 0 and layer.output.dense.weight[:, 0::2].abs().sum() == 0
+    )
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())
 
     model = tiny_model("bert", layers=1)
@@ -125,17 +143,17 @@ def test_type_and_global_allocation_pool_layers():
 
 
 def test_config_bad_inputs_are_one_line():
-    from pipeline.config import _validate
+    from pipeline.config.schema import validate
 
     with pytest.raises(PipelineError, match="sparsity: Input should be less than 1"):
-        _validate(SmpConfig, {"sparsity": 1.0}, "smp config")
+        validate(SmpConfig, {"sparsity": 1.0}, "smp config")
     with pytest.raises(PipelineError, match="sparsity: Input should be greater than or equal to 0"):
-        _validate(GmpConfig, {"sparsity": -0.1}, "gmp config")
+        validate(GmpConfig, {"sparsity": -0.1}, "gmp config")
     with pytest.raises(PipelineError, match="prune_steps 900 is longer than the training budget"):
-        _validate(SmpConfig, {"prune_steps": 900, "train": {"max_steps": 600}}, "smp config")
-    with pytest.raises(PipelineError, match="mask.ffn: Input should be"):
-        _validate(SmpConfig, {"mask": {"ffn": "head"}}, "smp config")  # a granularity FFNs cannot be compacted at
-    with pytest.raises(PipelineError, match="initial_sparsity 0.7 is above the target"):
-        _validate(GmpConfig, {"sparsity": 0.5, "initial_sparsity": 0.7}, "gmp config")
+        validate(SmpConfig, {"prune_steps": 900, "train": {"max_steps": 600}}, "smp config")
+    with pytest.raises(PipelineError, match=r"mask\.ffn: Input should be"):
+        validate(SmpConfig, {"mask": {"ffn": "head"}}, "smp config")  # a granularity FFNs cannot be compacted at
+    with pytest.raises(PipelineError, match=r"initial_sparsity 0\.7 is above the target"):
+        validate(GmpConfig, {"sparsity": 0.5, "initial_sparsity": 0.7}, "gmp config")
     with pytest.raises(PipelineError, match="block 32x32 does not divide the FFN"):
         MaskConfig(ffn="block", attention="none").check_shapes({"hidden_size": 64, "intermediate_size": 48})

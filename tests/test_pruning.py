@@ -6,25 +6,31 @@ import math
 import pytest
 import torch
 
-from pipeline.compaction import compact_
-from pipeline.config import MaskConfig, TrainConfig
-from pipeline.data import load_task_data
-from pipeline.encoding import encode_task, iter_batches
+from pipeline.compress.compaction import compact_
+from pipeline.compress.context import StageContext
+from pipeline.compress.masking import MaskedLinear, Masker
+from pipeline.compress.methods.gmp.config import GmpConfig
+from pipeline.compress.methods.gmp.stage import apply as gmp_apply
+from pipeline.compress.methods.smp.config import SmpConfig
+from pipeline.compress.methods.smp.stage import apply as smp_apply
+from pipeline.config.schema import MaskConfig, TrainConfig
+from pipeline.data.encoding import encode_task, iter_batches
+from pipeline.data.loaders import load_task_data
 from pipeline.errors import PipelineError
-from pipeline.masking import Masker, MaskedLinear
-from pipeline.methods.gmp.config import GmpConfig
-from pipeline.methods.gmp.stage import apply as gmp_apply
-from pipeline.methods.smp.config import SmpConfig
-from pipeline.methods.smp.stage import apply as smp_apply
-from pipeline.modeling import encoder_layers, ffn_widths, head_counts, load_model, save_model
-from pipeline.stage import StageContext
-from pipeline.training import classification_loss
-from pipeline.testing import tiny_model, tiny_tokenizer
-from tests.test_compaction import _logits
+from pipeline.models.io import load_model, save_model
+from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
+from pipeline.train.losses import classification_loss
+from tests.helpers import sample_logits, tiny_model, tiny_tokenizer
 
 ATOL = 1e-5
-LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
-           "intermediate.dense", "output.dense")
+LINEARS = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "intermediate.dense",
+    "output.dense",
+)
 
 
 def _context(kind="bert", teacher=None):
@@ -37,14 +43,22 @@ def _context(kind="bert", teacher=None):
 
 
 def _weights(model):
-    return {f"{i}.{name}": layer.get_submodule(name).weight.detach().clone()
-            for i, layer in enumerate(encoder_layers(model)) for name in LINEARS}
+    return {
+        f"{i}.{name}": layer.get_submodule(name).weight.detach().clone()
+        for i, layer in enumerate(encoder_layers(model))
+        for name in LINEARS
+    }
 
 
-@pytest.mark.parametrize("mask", [MaskConfig(allocation="soft"), MaskConfig(ffn="unstructured", attention="unstructured", allocation="local")])
+@pytest.mark.parametrize(
+    "mask",
+    [MaskConfig(allocation="soft"), MaskConfig(ffn="unstructured", attention="unstructured", allocation="local")],
+)
 def test_smp_trains_only_the_mask(mask):
     ctx = _context()
-    cfg = SmpConfig(sparsity=0.5, mask=mask, prune_steps=4, train=TrainConfig(max_steps=6, batch_size=16, lr=2e-2, warmup_ratio=0))
+    cfg = SmpConfig(
+        sparsity=0.5, mask=mask, prune_steps=4, train=TrainConfig(max_steps=6, batch_size=16, lr=2e-2, warmup_ratio=0)
+    )
     before = _weights(ctx.teacher)
     model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())
@@ -71,18 +85,23 @@ def test_smp_verbalizer_head_from_an_mlm_base(tmp_path):
     tiny_tokenizer("bert").save_pretrained(tmp_path / "base")
     ctx = _context()
     ctx.base_model = str(tmp_path / "base")
-    cfg = SmpConfig(sparsity=0.5, prune_steps=2, label_words=["story", "film"], train=TrainConfig(max_steps=3, batch_size=16))
+    cfg = SmpConfig(
+        sparsity=0.5, prune_steps=2, label_words=["story", "film"], train=TrainConfig(max_steps=3, batch_size=16)
+    )
     model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
     assert ctx.report["head"] == "verbalizer" and model.config.classifier_head == "verbalizer"
     compact_(model)
     save_model(model, None, tmp_path / "out")
-    assert torch.equal(_logits(load_model(tmp_path / "out")), _logits(model))
+    assert torch.equal(sample_logits(load_model(tmp_path / "out")), sample_logits(model))
 
 
 def test_gmp_reaches_uniform_target_sparsity_and_trains_weights():
     ctx = _context()
     cfg = GmpConfig(
-        sparsity=0.8, initial_sparsity=0.5, prune_every=1, mask=MaskConfig(ffn="unstructured", attention="unstructured"),
+        sparsity=0.8,
+        initial_sparsity=0.5,
+        prune_every=1,
+        mask=MaskConfig(ffn="unstructured", attention="unstructured"),
         train=TrainConfig(max_steps=6, batch_size=16, cycles=3, kd_alpha=1.0, kd_temperature=5.5),
     )
     before = _weights(ctx.teacher)
@@ -110,7 +129,8 @@ def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
     mse = (h_s - h_t)[real].square().mean()  # layer 1 is untouched, so its term is exactly 0
     assert mse > 0 and layered.item() == pytest.approx(plain.item() + 2.0 * mse.item(), rel=1e-5)
     assert classification_loss(ctx.teacher, TrainConfig(layer_kd=2.0))(ctx.teacher, batch).item() == pytest.approx(
-        classification_loss(ctx.teacher, TrainConfig())(ctx.teacher, batch).item(), rel=1e-6)  # the teacher: no term
+        classification_loss(ctx.teacher, TrainConfig())(ctx.teacher, batch).item(), rel=1e-6
+    )  # the teacher: no term
     shallow = tiny_model("bert", layers=1)
     with pytest.raises(PipelineError, match="layer_kd needs the teacher's depth"):
         classification_loss(ctx.teacher, TrainConfig(layer_kd=1.0))(shallow, batch)
@@ -119,7 +139,12 @@ def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 @pytest.mark.parametrize(
     "granularity",
-    [("neuron", "head", None), ("unstructured", "unstructured", None), ("block", "block", (8, 8)), ("neuron", "none", None)],
+    [
+        ("neuron", "head", None),
+        ("unstructured", "unstructured", None),
+        ("block", "block", (8, 8)),
+        ("neuron", "none", None),
+    ],
 )
 def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
     """Masks at each granularity, with scores rigged so layer 0 loses every head and layer 1 every FFN neuron."""
@@ -138,22 +163,26 @@ def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
     masker.allocate(0.5, "type")
     masker.refresh("type")
     masker.detach_(model)
-    before = _logits(model)
+    before = sample_logits(model)
     report = compact_(model)
-    assert (before - _logits(model)).abs().max() <= ATOL
+    assert (before - sample_logits(model)).abs().max() <= ATOL
     if attention in ("head", "unstructured", "block"):
         assert head_counts(model)[0] == 0  # every Q/K/V/O weight of layer 0 is zero: all heads go
     if ffn != "none":
         assert ffn_widths(model)[1] == 0
     save_model(model, None, tmp_path)
-    assert torch.equal(_logits(load_model(tmp_path)), _logits(model))
+    assert torch.equal(sample_logits(load_model(tmp_path)), sample_logits(model))
     assert report["removed_heads"][0] == (2 if attention != "none" else 0)
 
 
 def test_smp_recovery_trains_surviving_weights_at_the_fixed_mask():
     ctx = _context()
-    cfg = SmpConfig(sparsity=0.5, prune_steps=2, recover_steps=3,
-                    train=TrainConfig(max_steps=3, batch_size=16, lr=2e-2, warmup_ratio=0))
+    cfg = SmpConfig(
+        sparsity=0.5,
+        prune_steps=2,
+        recover_steps=3,
+        train=TrainConfig(max_steps=3, batch_size=16, lr=2e-2, warmup_ratio=0),
+    )
     before = _weights(ctx.teacher)
     model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
     after = _weights(model)

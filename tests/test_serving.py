@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serving_helpers import ServerProcess, ThreadServer, dev_sentences, metric_samples, tiny_artifact, wait_until
+from tests.helpers import ServerProcess, ThreadServer, dev_sentences, metric_samples, tiny_artifact, wait_until
 
 LIMITS = ("--max-items", "8", "--max-text-chars", "300", "--max-body-bytes", "20000")
 
@@ -68,7 +68,7 @@ def test_predictions_equal_the_artifact_session_on_sst2_dev(server, client, sess
 
     def post(i):
         with httpx.Client(timeout=60) as c:
-            r = c.post(f"{server}/predict", json={"inputs": texts[i:i + 8], "parameters": {"top_k": None}})
+            r = c.post(f"{server}/predict", json={"inputs": texts[i : i + 8], "parameters": {"top_k": None}})
         return r.raise_for_status().json()
 
     with ThreadPoolExecutor(8) as pool:  # concurrent, so batches mix requests and pad to different lengths
@@ -87,8 +87,9 @@ def test_predict_shapes_and_parameters(server, client, session):
     clamped = client.post(f"{server}/predict", json={"inputs": "x", "parameters": {"top_k": 99}}).json()
     assert len(clamped) == 2
     logits = session.logits(["x"])[0]
-    raw = client.post(f"{server}/predict", json={"inputs": "x", "parameters": {"function_to_apply": "none",
-                                                                               "top_k": None}}).json()
+    raw = client.post(
+        f"{server}/predict", json={"inputs": "x", "parameters": {"function_to_apply": "none", "top_k": None}}
+    ).json()
     assert sorted(d["score"] for d in raw) == pytest.approx(sorted(logits.tolist()), abs=1e-5)
     sig = client.post(f"{server}/predict", json={"inputs": "x", "parameters": {"function_to_apply": "sigmoid"}}).json()
     assert 0 < sig[0]["score"] < 1
@@ -117,8 +118,10 @@ def test_open_inference_protocol(server, client, session):
     assert tensors["label"]["data"] == [row[0]["label"] for row in expected] and tensors["label"]["shape"] == [5]
     assert tensors["probabilities"]["shape"] == [5, 2] and tensors["probabilities"]["datatype"] == "FP32"
     assert tensors["logits"]["data"] == pytest.approx(session.logits(texts).ravel().tolist(), abs=1e-5)
-    column = {"inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a"], ["b"]]}],
-              "outputs": [{"name": "label"}]}
+    column = {
+        "inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a"], ["b"]]}],
+        "outputs": [{"name": "label"}],
+    }
     out = client.post(f"{server}/v2/models/{name}/versions/1/infer", json=column).raise_for_status().json()
     assert [o["name"] for o in out["outputs"]] == ["label"] and "id" not in out
 
@@ -176,15 +179,20 @@ BAD = [
     (INFER, _tensor(data=[3]).encode(), 422, "inputs[0].data[0] is an integer"),
     (INFER, _tensor(shape=[9], data=["a"] * 9).encode(), 413, "at most 8"),
     (INFER, json.dumps({"id": 3, "inputs": []}).encode(), 422, "'id' must be a string"),
-    (INFER, json.dumps({"inputs": json.loads(_tensor())["inputs"], "outputs": [{"name": "embedding"}]}).encode(),
-     422, "unknown output 'embedding'"),
+    (
+        INFER,
+        json.dumps({"inputs": json.loads(_tensor())["inputs"], "outputs": [{"name": "embedding"}]}).encode(),
+        422,
+        "unknown output 'embedding'",
+    ),
     ("/v2/models/bert/infer", _tensor().encode(), 404, "unknown model 'bert'; this server serves 'sst2-tiny-serving'"),
     ("/v2/models/sst2-tiny-serving/versions/2/infer", _tensor().encode(), 404, "unknown version '2'"),
 ]
 
 
-@pytest.mark.parametrize(("path", "body", "status", "needle"), BAD, ids=[f"{i}-{b[3][:30]}" for i, b in
-                                                                         enumerate(BAD)])
+@pytest.mark.parametrize(
+    ("path", "body", "status", "needle"), BAD, ids=[f"{i}-{b[3][:30]}" for i, b in enumerate(BAD)]
+)
 def test_bad_input_is_refused_with_a_json_error(server, client, path, body, status, needle):
     _error(client.post(f"{server}{path}", content=body), status, needle)
     assert client.post(f"{server}/predict", json={"inputs": "still serving"}).status_code == 200
@@ -324,8 +332,12 @@ def test_api_key(artifact, session, client):
         _error(client.get(f"{url}/v2/models/tiny"), 401, "API key")
         assert client.post(f"{url}/predict", json={"inputs": "a"}, headers={"X-API-Key": "s3cret"}).status_code == 200
         bearer = {"Authorization": "Bearer s3cret"}
-        assert client.post(f"{url}{INFER.replace('sst2-tiny-serving', 'tiny')}", content=_tensor(),
-                           headers=bearer).status_code == 200
+        assert (
+            client.post(
+                f"{url}{INFER.replace('sst2-tiny-serving', 'tiny')}", content=_tensor(), headers=bearer
+            ).status_code
+            == 200
+        )
         assert client.get(f"{url}/metrics", headers=bearer).status_code == 200
         assert client.get(f"{url}/v2/health/ready").status_code == 200  # probes need no key
         assert client.get(f"{url}/v2/health/live").status_code == 200
@@ -355,11 +367,14 @@ def test_tampered_or_missing_artifact_is_refused(artifact, tmp_path):
     manifest = json.loads((unlisted / "manifest.json").read_text())
     del manifest["files"]["model.onnx"]  # an edited manifest no longer covers the graph
     (unlisted / "manifest.json").write_text(json.dumps(manifest))
-    for folder, needle in ((tampered, "files differ from manifest.json: model.onnx"),
-                           (unlisted, "manifest.json does not list model.onnx"),
-                           (tmp_path / "missing", "artifact folder not found")):
-        out = subprocess.run([sys.executable, "-m", "serving", str(folder), "--port", "0"], capture_output=True,
-                             text=True, timeout=120)
+    for folder, needle in (
+        (tampered, "files differ from manifest.json: model.onnx"),
+        (unlisted, "manifest.json does not list model.onnx"),
+        (tmp_path / "missing", "artifact folder not found"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "serving", str(folder), "--port", "0"], capture_output=True, text=True, timeout=120
+        )
         lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
         assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out
 
@@ -375,10 +390,30 @@ def test_pipeline_serve_command_refuses_a_bad_setting_in_one_line(artifact):
     assert result.exit_code == 2 and "max_length 4096 exceeds the model's 160 positions" in result.stderr
 
 
+def test_pipeline_serve_and_python_m_serving_share_one_set_of_options():
+    """One definition (serving/cli.py): both commands offer the same options with the same defaults."""
+    import re
+
+    from serving.cli import parser
+
+    def options(prog):
+        text = parser(prog).format_help()
+        return sorted(set(re.findall(r"--[a-z-]+", text))), re.findall(r"\(default:? [^)]*\)|\(\d[^)]*\)", text)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "serve", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: pipeline serve"), result.stderr
+    assert sorted(set(re.findall(r"--[a-z-]+", result.stdout))) == options("python -m serving")[0]
+    assert "--max-batch" in result.stdout and "--graceful-timeout" in result.stdout
+
+
 def test_serving_imports_no_training_dependencies():
-    code = ("import sys, serving.cli, serving.server, serving.app; "
-            "bad = [m for m in ('torch', 'transformers', 'prefect', 'typer', 'pipeline') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, serving.cli, serving.server, serving.app; "
+        "bad = [m for m in ('torch', 'transformers', 'prefect', 'typer', 'pipeline') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -391,8 +426,17 @@ def test_clean_venv_install_serves(artifact, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-r",
-           str(root / "serving" / "requirements.txt")]
+    pip = [
+        str(py),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "-r",
+        str(root / "serving" / "requirements.txt"),
+    ]
     subprocess.run(pip, check=True, timeout=900)
     subprocess.run([str(py), "-m", "pip", "check"], check=True, timeout=120)
     app = tmp_path / "app"
@@ -403,8 +447,13 @@ def test_clean_venv_install_serves(artifact, tmp_path):
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     with log.open("wb") as out:
-        proc = subprocess.Popen([str(py), "-m", "serving", str(artifact), "--port", "0"], cwd=app, stderr=out,
-                                stdout=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            [str(py), "-m", "serving", str(artifact), "--port", "0"],
+            cwd=app,
+            stderr=out,
+            stdout=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             wait_until(lambda: "on http://" in log.read_text() or proc.poll() is not None, timeout=120)
             url = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())

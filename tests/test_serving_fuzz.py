@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from serving.validation import Limits, RequestError, decode_json, parse_infer, parse_predict
-from tests.serving_helpers import ThreadServer, tiny_artifact
+from tests.helpers import ThreadServer, tiny_artifact
 
 # Hypothesis keeps caches in ./.hypothesis; not in the checkout.
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "hypothesis-encoder-deploy")
@@ -27,13 +27,21 @@ FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthC
 texts = st.one_of(st.text(max_size=40), st.text(max_size=250), st.sampled_from(["\ud800", "a\udfffb", "\x00", ""]))
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), texts)
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
-parameters = st.one_of(st.none(), json_values, st.fixed_dictionaries({}, optional={
-    "top_k": st.one_of(st.integers(-2, 4), st.none(), json_values),
-    "function_to_apply": st.one_of(st.sampled_from(["softmax", "sigmoid", "none", "tanh"]), json_values),
-}))
+parameters = st.one_of(
+    st.none(),
+    json_values,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "top_k": st.one_of(st.integers(-2, 4), st.none(), json_values),
+            "function_to_apply": st.one_of(st.sampled_from(["softmax", "sigmoid", "none", "tanh"]), json_values),
+        },
+    ),
+)
 inputs = st.one_of(texts, st.lists(texts, max_size=10), json_values)
 predict_bodies = st.one_of(
     st.fixed_dictionaries({"inputs": inputs}, optional={"parameters": parameters}),  # mostly well-formed
@@ -44,24 +52,35 @@ text_data = st.lists(texts, max_size=10)
 tensors = st.one_of(
     text_data.map(lambda d: {"name": "text", "datatype": "BYTES", "shape": [len(d)], "data": d}),
     text_data.map(lambda d: {"name": "text", "datatype": "BYTES", "shape": [len(d), 1], "data": [[t] for t in d]}),
-    st.fixed_dictionaries({}, optional={
-        "name": st.one_of(st.just("text"), json_values),
-        "shape": st.one_of(st.lists(st.integers(-1, 10), max_size=3), json_values),
-        "datatype": st.one_of(st.sampled_from(["BYTES", "FP32", "INT64"]), json_values),
-        "data": st.one_of(st.lists(st.one_of(texts, st.lists(texts, max_size=2)), max_size=10), json_values),
-        "parameters": json_values,
-    }),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "name": st.one_of(st.just("text"), json_values),
+            "shape": st.one_of(st.lists(st.integers(-1, 10), max_size=3), json_values),
+            "datatype": st.one_of(st.sampled_from(["BYTES", "FP32", "INT64"]), json_values),
+            "data": st.one_of(st.lists(st.one_of(texts, st.lists(texts, max_size=2)), max_size=10), json_values),
+            "parameters": json_values,
+        },
+    ),
 )
 output_names = st.sampled_from(["label", "probabilities", "logits", "x"])
 infer_bodies = st.one_of(
-    st.fixed_dictionaries({"inputs": st.lists(tensors, min_size=1, max_size=1)}, optional={
-        "id": st.one_of(st.text(max_size=10), st.none()),
-        "outputs": st.lists(st.fixed_dictionaries({"name": output_names}), max_size=3),
-    }),
-    st.fixed_dictionaries({}, optional={
-        "id": json_values, "inputs": st.one_of(st.lists(tensors, max_size=2), json_values),
-        "outputs": json_values, "parameters": json_values,
-    }),
+    st.fixed_dictionaries(
+        {"inputs": st.lists(tensors, min_size=1, max_size=1)},
+        optional={
+            "id": st.one_of(st.text(max_size=10), st.none()),
+            "outputs": st.lists(st.fixed_dictionaries({"name": output_names}), max_size=3),
+        },
+    ),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "id": json_values,
+            "inputs": st.one_of(st.lists(tensors, max_size=2), json_values),
+            "outputs": json_values,
+            "parameters": json_values,
+        },
+    ),
     json_values,
 )
 
@@ -108,8 +127,13 @@ def server_url(tmp_path_factory):
     from serving.session import ArtifactSession
 
     artifact = tiny_artifact(tmp_path_factory.getbasetemp() / "serving")
-    config = ServerConfig(artifact=artifact, max_items=LIMITS.max_items, max_text_chars=LIMITS.max_text_chars,
-                          max_body_bytes=4096, max_wait_ms=0)
+    config = ServerConfig(
+        artifact=artifact,
+        max_items=LIMITS.max_items,
+        max_text_chars=LIMITS.max_text_chars,
+        max_body_bytes=4096,
+        max_wait_ms=0,
+    )
     with ThreadServer(build_app(config, ArtifactSession(artifact), "tiny")) as srv:
         yield srv.url
 
@@ -137,8 +161,10 @@ def test_http_predict_never_fails_on_the_server(http, body):
 
 
 @settings(FUZZ, max_examples=120)
-@given(st.one_of(infer_bodies.map(_encode), raw_bodies),
-       st.sampled_from(["tiny", "tiny/versions/1", "other", "tiny/versions/x"]))
+@given(
+    st.one_of(infer_bodies.map(_encode), raw_bodies),
+    st.sampled_from(["tiny", "tiny/versions/1", "other", "tiny/versions/x"]),
+)
 def test_http_infer_never_fails_on_the_server(http, body, model):
     response = http.post(f"/v2/models/{model}/infer", content=body)
     _check(response)

@@ -5,19 +5,19 @@ import torch
 
 from export.onnx import export_onnx, optimize_onnx
 from export.parity import compare_logits, onnx_logits
-from pipeline.data import load_task_data
-from pipeline.encoding import encode
-from pipeline.errors import PipelineError
-from pipeline.evaluation import predict_logits
-from pipeline.tasks import TASKS
-from pipeline.testing import tiny_model, tiny_tokenizer, write_tiny_model_dir
-from pipeline.verbalizer import (
+from pipeline.compress.methods.smp.verbalizer import (
     LABEL_WORDS,
     build_verbalizer_classifier,
     has_mlm_head,
     install_verbalizer_,
     label_word_ids,
 )
+from pipeline.data.encoding import encode
+from pipeline.data.loaders import load_task_data
+from pipeline.data.tasks import TASKS
+from pipeline.errors import PipelineError
+from pipeline.train.metrics import predict_logits
+from tests.helpers import tiny_model, tiny_tokenizer, write_tiny_model_dir
 
 KINDS = ["bert", "roberta"]
 # Single tokens in both tiny tokenizers' 400-token vocabularies ("great", "terrible", "yes" are split there).

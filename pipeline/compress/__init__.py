@@ -1,0 +1,1 @@
+"""Compression: the method registry, what a method receives, masks, exact compaction, and the methods."""

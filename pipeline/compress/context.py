@@ -1,0 +1,26 @@
+"""What a compression method's `apply` receives besides the model and its config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from pipeline.data.encoding import Encoded
+
+
+@dataclass
+class StageContext:
+    """The frozen dense teacher, the tokenised task data, and a report the method fills with its figures.
+
+    `base_model` (the pre-trained folder the teacher came from, when known) and `task` let a method start
+    from somewhere else than the teacher, e.g. SMP's verbalizer head on the pre-trained weights.
+    """
+
+    teacher: nn.Module
+    train: Encoded
+    dev: Encoded
+    task: str = ""
+    base_model: str | None = None
+    report: dict[str, Any] = field(default_factory=dict)

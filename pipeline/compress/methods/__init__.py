@@ -1,0 +1,1 @@
+"""The compression methods, one folder each (`config.py`, `stage.py`, helpers), listed in `compress.registry`."""

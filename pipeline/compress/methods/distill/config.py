@@ -1,0 +1,149 @@
+"""Configuration of task distillation into a smaller student."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.config.schema import FrozenModel, MethodConfig, TrainConfig
+from pipeline.errors import PipelineError
+from pipeline.models.folders import check_model_dir, load_tokenizer
+
+HiddenMapping = Literal["single", "last", "uniform", "uniform_cons", "uniform_last"]
+
+
+class StudentConfig(FrozenModel):
+    """The student: a subset of the teacher's layers, optionally narrower, or a folder of its own.
+
+    Attributes:
+        layers: how many teacher layers to keep (picked by `pick`), or an explicit list of 0-based indices.
+        pick: `uniform` (every k-th, ending with the last: 6 -> 3 keeps layers 2, 4, 6), `first`, or `last`.
+        heads: attention heads kept per layer, the most important by weight norm (None: all).
+        ffn: FFN neurons kept per layer, the most important by weight norm (None: all).
+        path: a student folder (a classifier, or a bare encoder that gets a new head) instead of teacher layers;
+            its tokenizer must equal the teacher's.
+    """
+
+    layers: int | list[int] = 3
+    pick: Literal["uniform", "first", "last"] = "uniform"
+    heads: int | None = Field(None, ge=1)
+    ffn: int | None = Field(None, ge=1)
+    path: str | None = None
+
+
+class DistillConfig(MethodConfig):
+    """Distillation into a smaller student: MiniLMv2 relations, hidden-state and output transfer.
+
+    Papers: MiniLMv2 (arXiv 2012.15828): Q-Q, K-K, V-V self-attention relations of one teacher layer into the
+    student's last layer, over `relation_heads` relation heads independent of either model's head count;
+    the comparison of task-agnostic distillation methods (arXiv 2310.08797): hidden-state transfer through
+    learned projections under five layer mappings, and output-distribution transfer.
+
+    Loss = `relation` · L_relation + `hidden` · L_hidden + task loss, the task loss being
+    (1 − `train.kd_alpha`) · CE + `train.kd_alpha` · T² · KL(teacher ‖ student) at `train.kd_temperature`.
+    With `transfer_steps` > 0, training has two phases: first only the relation and hidden terms (no labels,
+    no logits), then task fine-tuning with output KD for `train.max_steps`.
+
+    Attributes:
+        student: which student.
+        relation: weight of the MiniLMv2 relation loss (0: off).
+        relation_heads: A_r; must divide the teacher's and the student's Q/K/V widths (MiniLM-384: 48 -> 8 each).
+        relation_pairs: which relations (the paper: QQ, KK, VV; any of the nine).
+        teacher_layer: 1-based teacher layer whose relations are taken (None: the last; the paper uses an
+            upper-middle layer for large teachers); the student side is always its last layer.
+        hidden: weight of the hidden-state MSE (0: off).
+        hidden_mapping: which student layer learns which teacher layers (see `losses.layer_mapping`).
+        transfer_steps: steps of the first phase (0: one joint phase).
+        transfer_lr: learning rate of the first phase.
+        train: the task phase (budget, optimiser, output KD).
+    """
+
+    name: ClassVar[str] = "distill"
+
+    student: StudentConfig = StudentConfig()
+    relation: float = Field(1.0, ge=0)
+    relation_heads: int = Field(48, ge=1)
+    relation_pairs: list[Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]] = Field(
+        default_factory=lambda: ["QQ", "KK", "VV"]
+    )
+    teacher_layer: int | None = Field(None, ge=1)
+    hidden: float = Field(0.0, ge=0)
+    hidden_mapping: HiddenMapping = "uniform"
+    transfer_steps: int = Field(300, ge=0)
+    transfer_lr: float = Field(1e-4, gt=0)
+    train: TrainConfig = TrainConfig(max_steps=600, epochs=3, lr=1e-4, kd_alpha=0.5, kd_temperature=2.0)
+
+    @model_validator(mode="after")
+    def _some_signal(self) -> DistillConfig:
+        if self.transfer_steps and not (self.relation or self.hidden):
+            raise ValueError(
+                "transfer_steps needs a relation or hidden weight above 0 (the first phase has nothing else)"
+            )
+        if self.train.layer_kd:
+            raise ValueError(
+                "train.layer_kd is for students of the teacher's depth; distill's hidden-state transfer is `hidden`"
+            )
+        return self
+
+    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+        """Layer indices, relation heads and the student's vocabulary, before any stage runs."""
+        n_teacher = model_config.get("num_hidden_layers", 0)
+        layers = self.student.layers
+        if self.student.path is None:
+            if isinstance(layers, int) and not 1 <= layers <= n_teacher:
+                raise PipelineError(f"student layers {layers} must be between 1 and the teacher's {n_teacher}")
+            if isinstance(layers, list) and (
+                not layers or any(not 0 <= i < n_teacher for i in layers) or len(set(layers)) != len(layers)
+            ):
+                raise PipelineError(f"student layers {layers} must be distinct indices in [0, {n_teacher})")
+            heads = model_config.get("num_attention_heads", 0)
+            if self.student.heads is not None and self.student.heads > heads:
+                raise PipelineError(f"student heads {self.student.heads} exceed the teacher's {heads}")
+        if self.teacher_layer is not None and self.teacher_layer > n_teacher:
+            raise PipelineError(
+                f"teacher_layer {self.teacher_layer} is out of range (the teacher has {n_teacher} layers)"
+            )
+        student_config = model_config
+        if self.student.path is not None:
+            student_config = check_student_folder(Path(self.student.path), teacher_dir or model_dir)
+        if self.relation:
+            widths = [model_config.get("hidden_size", 0), student_config.get("hidden_size", 0)]
+            if self.student.heads is not None and self.student.path is None:
+                widths[1] = self.student.heads * widths[1] // model_config.get("num_attention_heads", 1)
+            for width in widths:
+                if width % self.relation_heads:
+                    raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
+        if self.hidden:
+            from pipeline.compress.methods.distill.losses import layer_mapping
+
+            n_student = (
+                student_config.get("num_hidden_layers", 0)
+                if self.student.path
+                else (layers if isinstance(layers, int) else len(layers))
+            )
+            layer_mapping(self.hidden_mapping, n_teacher, n_student)
+
+
+def check_student_folder(path: Path, teacher_dir: Path) -> dict:
+    """The student folder is a usable model whose tokenizer equals the teacher's; returns its config."""
+    config = check_model_dir(path)
+    student_tok, teacher_tok = load_tokenizer(path), load_tokenizer(teacher_dir)
+    s_vocab, t_vocab = student_tok.get_vocab(), teacher_tok.get_vocab()
+    if s_vocab != t_vocab:
+        raise PipelineError(
+            f"student {path} tokenizes differently from the teacher (vocabularies of {len(s_vocab)} and "
+            f"{len(t_vocab)} tokens differ); relations and logits must be over the same tokens"
+        )
+    if _normalizer(student_tok) != _normalizer(teacher_tok):
+        raise PipelineError(
+            f"student {path} has the teacher's vocabulary but normalises text differently (e.g. lowercasing)"
+        )
+    return config
+
+
+def _normalizer(tokenizer) -> Any:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return json.loads(backend.to_str()).get("normalizer") if backend is not None else None

@@ -1,0 +1,102 @@
+"""Distillation: build the student, transfer relations / hidden states, then fine-tune with output KD."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from pipeline.compress.context import StageContext
+from pipeline.compress.methods.distill.config import DistillConfig
+from pipeline.compress.methods.distill.losses import layer_mapping, relation_loss
+from pipeline.compress.methods.distill.students import build_student
+from pipeline.data.tasks import get_task
+from pipeline.models.layers import encoder_layers
+from pipeline.train.loop import resolve_device, train
+from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, task_loss
+
+log = logging.getLogger(__name__)
+
+
+def _qkv(layer: nn.Module, hidden_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All heads' queries, keys and values of `layer` (the concatenations MiniLMv2 re-splits)."""
+    att = layer.attention.self
+    return att.query(hidden_in), att.key(hidden_in), att.value(hidden_in)
+
+
+def distill_loss(
+    cfg: DistillConfig, teacher: nn.Module, projections: HiddenProjections | None, *, task: bool
+) -> LossFn:
+    """relation · L_rel + hidden · L_hid (+ the task loss with output KD when `task`), from one forward each."""
+    n_teacher = len(encoder_layers(teacher))
+    t_layer = cfg.teacher_layer or n_teacher
+    needs_teacher = bool(cfg.relation or cfg.hidden or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
+
+    def loss_fn(student: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        mask = inputs["attention_mask"]
+        t_out = t_qkv = None
+        if needs_teacher:
+            with torch.no_grad():
+                t_out = teacher(**inputs, output_hidden_states=True)
+                t_qkv = (
+                    _qkv(encoder_layers(teacher)[t_layer - 1], t_out.hidden_states[t_layer - 1])
+                    if cfg.relation
+                    else None
+                )
+        s_out = student(**inputs, output_hidden_states=True)
+        total = s_out.logits.new_zeros(())
+        if cfg.relation:
+            s_qkv = _qkv(encoder_layers(student)[-1], s_out.hidden_states[-2])  # the student's last layer
+            total = total + cfg.relation * relation_loss(
+                t_qkv, s_qkv, mask, cfg.relation_heads, tuple(cfg.relation_pairs)
+            )
+        if cfg.hidden:
+            total = total + cfg.hidden * hidden_loss(
+                s_out.hidden_states, t_out.hidden_states, projections.mapping, projections, mask
+            )
+        if task:
+            total = total + task_loss(s_out.logits, batch["labels"], t_out.logits if t_out else None, cfg.train)
+        return total
+
+    return loss_fn
+
+
+def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
+    """`model` is a copy of the fine-tuned teacher; returns the trained student."""
+    teacher = ctx.teacher
+    student, info = build_student(model, cfg.student, get_task(ctx.task))
+    ctx.report["student"] = info
+    projections = None
+    if cfg.hidden:
+        mapping = layer_mapping(cfg.hidden_mapping, len(encoder_layers(teacher)), len(encoder_layers(student)))
+        projections = HiddenProjections(mapping, student.config.hidden_size, teacher.config.hidden_size)
+        projections.to(resolve_device(cfg.train.device))
+        ctx.report["hidden_mapping"] = {str(k): v for k, v in mapping.items()}
+    # the projections are training-only: they learn alongside the student and are dropped afterwards
+    params = [*student.named_parameters(), *(projections.named_parameters(prefix="proj") if projections else [])]
+    phases = {}
+    if cfg.transfer_steps:  # phase 1: relations / hidden states only; phase 2: the task with output KD
+        transfer = cfg.train.phase(cfg.transfer_steps, cfg.transfer_lr)
+        result = train(
+            student,
+            ctx.train,
+            None,
+            transfer,
+            teacher=teacher,
+            params=params,
+            desc="distill: transfer",
+            loss_fn=distill_loss(cfg, teacher, projections, task=False),
+        )
+        phases["transfer"] = result.report()
+        loss = distill_loss(cfg.model_copy(update={"relation": 0.0, "hidden": 0.0}), teacher, None, task=True)
+        params = list(student.named_parameters())
+    else:
+        loss = distill_loss(cfg, teacher, projections, task=True)
+    result = train(
+        student, ctx.train, ctx.dev, cfg.train, teacher=teacher, params=params, loss_fn=loss, desc="distill: task"
+    )
+    phases["task"] = result.report()
+    ctx.report["training"] = phases
+    return student

@@ -1,0 +1,94 @@
+"""SMP: freeze the model, attach score-driven masks, train only the scores, bake the final mask in."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from pipeline.compress.context import StageContext
+from pipeline.compress.masking import Masker
+from pipeline.compress.methods.smp.config import SmpConfig
+from pipeline.compress.methods.smp.heads import resolve_head
+from pipeline.compress.methods.smp.verbalizer import build_verbalizer_classifier
+from pipeline.compress.selection import cubic
+from pipeline.errors import PipelineError
+from pipeline.models.folders import check_model_dir
+from pipeline.train.loop import num_steps, resolve_device, train
+from pipeline.train.losses import classification_loss
+
+log = logging.getLogger(__name__)
+
+
+def prune_steps(cfg: SmpConfig, steps: int) -> int:
+    """N of the cubic schedule; it must fit in the steps the data and budget actually give."""
+    n = cfg.prune_steps if cfg.prune_steps is not None else max(1, round(0.7 * steps))
+    if n > steps:
+        raise PipelineError(f"smp prune_steps {n} is longer than the {steps} training steps this data gives")
+    return n
+
+
+def starting_model(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> tuple[nn.Module, str]:
+    """The teacher copy (classifier head) or the pre-trained base with the verbalizer head."""
+    if ctx.base_model is None:
+        return model, "classifier"
+    kind, words = resolve_head(cfg, ctx.base_model, check_model_dir(ctx.base_model), ctx.task)
+    if kind == "classifier":
+        return model, kind
+    return build_verbalizer_classifier(ctx.base_model, ctx.task, words), kind
+
+
+def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
+    model, head = starting_model(model, cfg, ctx)
+    for p in model.parameters():
+        p.requires_grad_(False)  # SMP: every pre-trained weight, and the head, stay as they are
+    masker = Masker.from_config(model, cfg.mask)
+    steps = num_steps(cfg.train, len(ctx.train))
+    n = prune_steps(cfg, steps)
+    final_keep, alloc = 1.0 - cfg.sparsity, cfg.mask.allocation
+    masker.to_(resolve_device(cfg.train.device))
+    state = {"lambda": 0.0}
+
+    def before_step(step: int) -> None:
+        keep = cubic(step / n, 1.0, final_keep)
+        masker.allocate(keep, alloc, cfg.mask.soft_temperature)
+        state["lambda"] = cfg.reg_lambda * (1.0 - keep) / cfg.sparsity if cfg.sparsity else 0.0
+
+    task_loss = classification_loss(ctx.teacher, cfg.train)
+
+    def loss_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        masker.refresh(alloc, ste=True)  # the mask is a function of the scores at every step
+        return task_loss(m, batch) + state["lambda"] * masker.regulariser()
+
+    result = train(
+        model,
+        ctx.train,
+        ctx.dev,
+        cfg.train,
+        teacher=ctx.teacher,
+        loss_fn=loss_fn,
+        params=masker.named_scores(),
+        before_step=before_step,
+        desc="smp mask training",
+    )
+    masker.to_("cpu")
+    with torch.no_grad():
+        masker.allocate(final_keep, alloc, cfg.mask.soft_temperature)
+        masker.refresh(alloc)
+    ctx.report["head"] = head
+    ctx.report["schedule"] = {"steps": steps, "prune_steps": n, "final_keep": final_keep}
+    ctx.report["mask"] = masker.summary()
+    ctx.report["layer_keep"] = {g.name: round(g.keep, 4) for g in masker.groups} if alloc == "soft" else None
+    ctx.report["training"] = result.report()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    if cfg.recover_steps:  # the masks stay attached and fixed, so pruned weights get no gradient
+        ctx.report["dev_before_recovery"] = result.dev
+        recover = cfg.train.phase(cfg.recover_steps, cfg.recover_lr, warmup_ratio=0.1, weight_decay=0.01)
+        masker.to_(resolve_device(recover.device))
+        rec = train(model, ctx.train, ctx.dev, recover, teacher=ctx.teacher, desc="smp: recovery at the fixed mask")
+        masker.to_("cpu")
+        ctx.report["recovery"] = rec.report()
+    masker.detach_(model)
+    return model

@@ -1,0 +1,1 @@
+"""Configuration: the schema (`schema`) and YAML recipes with shared teacher definitions (`recipes`)."""

@@ -1,0 +1,103 @@
+"""YAML recipes: a whole deploy configuration for one method, read from a file, with `--set` overrides.
+
+A recipe holds `method`, its `config`, `teacher` (the name of a shared teacher definition in `recipes/teacher/`,
+`default` when absent, or an inline mapping), `data` limits, the `bench` grid and `gates`. The teacher's
+settings are part of its cache key, so every packaged CPU recipe names the one shared definition: editing it
+changes the teacher of every method at once, and methods keep sharing one cached teacher.
+
+Recipe lookup for `--method M --task T`: `recipes/M/T.yaml`, else `recipes/M/default.yaml` (the method's
+defaults for any task). `--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import PipelineError
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+TEACHERS_DIR = RECIPES_DIR / "teacher"
+DEFAULT_TEACHER = "default"
+
+
+def default_recipe_path(method: str, task: str) -> Path | None:
+    for name in (f"{task}.yaml", "default.yaml"):
+        path = RECIPES_DIR / method / name
+        if path.is_file():
+            return path
+    return None
+
+
+def resolve_recipe(method: str, recipe: str | Path) -> Path:
+    """A recipe file, or the name of a packaged one (`--recipe unstructured` is recipes/<method>/unstructured.yaml)."""
+    path = Path(recipe)
+    packaged = RECIPES_DIR / method / f"{recipe}.yaml"
+    if not path.is_file() and path.suffix == "" and packaged.is_file():
+        return packaged
+    return path
+
+
+def read_yaml_mapping(path: str | Path, what: str = "recipe") -> dict[str, Any]:
+    """Read a YAML file whose top level is a mapping (validated later, after overrides)."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"{what} not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise PipelineError(f"{what} {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"{what} {path} must be a mapping at the top level")
+    return data
+
+
+def teacher_names() -> list[str]:
+    return sorted(p.stem for p in TEACHERS_DIR.glob("*.yaml"))
+
+
+def resolve_teacher(data: dict[str, Any]) -> None:
+    """Replace a teacher name (or its absence) by the shared definition it names, in place."""
+    teacher = data.get("teacher", DEFAULT_TEACHER)
+    if isinstance(teacher, str):
+        path = TEACHERS_DIR / f"{teacher}.yaml"
+        if not path.is_file():
+            raise PipelineError(f"unknown teacher definition {teacher!r}; known: {', '.join(teacher_names())}")
+        data["teacher"] = read_yaml_mapping(path, "teacher definition")
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `dotted.key=value` override in place; the value is parsed as YAML (numbers, lists, null)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise PipelineError(f"override {assignment!r} must look like key.path=value")
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise PipelineError(f"override {assignment!r}: {part!r} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise PipelineError(f"override {assignment!r}: value is not valid YAML") from None
+
+
+def load_recipe(
+    method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The recipe (given, else the packaged default for method/task) with its teacher resolved and the overrides
+    applied, as a plain mapping for `DeployConfig`."""
+    path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, task)
+    data = read_yaml_mapping(path) if path else {}
+    if data.setdefault("method", method) != method:
+        raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
+    data["task"] = task
+    resolve_teacher(data)
+    for assignment in overrides:
+        apply_override(data, assignment)
+    resolve_teacher(data)  # `--set teacher=NAME` names another shared definition
+    return data

@@ -1,0 +1,183 @@
+"""The configuration schema: frozen pydantic models that reject unknown keys.
+
+A deploy configuration (`DeployConfig`) is read from a YAML recipe (`pipeline.config.recipes`) plus CLI
+overrides; each method's own section is validated by its config class (`pipeline.compress.registry`). A typo
+anywhere fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import PipelineError
+
+
+class FrozenModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+UNCAPPED_EPOCHS = 1e9  # a phase's step count is its whole budget, however small the training set
+
+
+class TrainConfig(FrozenModel):
+    """Budget and optimiser of the shared training loop.
+
+    Attributes:
+        max_steps: hard cap on optimiser steps (the CPU-friendly budget); 0 skips training.
+        epochs: passes over the training set, capped by `max_steps`.
+        batch_size: examples per step.
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW decay, not applied to biases and LayerNorm weights.
+        warmup_ratio: fraction of each learning-rate cycle spent in linear warm-up before linear decay to 0.
+        cycles: the warm-up + decay schedule repeated back to back this many times (GMP*'s re-warming).
+        max_length: tokens per example after truncation (batches are padded to their longest example).
+        eval_every: evaluate on dev every N steps (0: only at the end).
+        kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
+        kd_temperature: softmax temperature of the distillation term.
+        layer_kd: weight of the hidden-state MSE of every layer to the teacher's same layer, added to the loss
+            (0: off). For students that keep the teacher's depth and width (pruning, MLP Fusion); `distill`
+            has its own hidden-state transfer (`config.hidden`).
+        seed: seeds data order, dropout and initialisation.
+        device: `auto` (CUDA when present), `cpu` or `cuda`.
+    """
+
+    max_steps: int = Field(300, ge=0)
+    epochs: float = Field(3.0, gt=0)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    cycles: int = Field(1, ge=1)
+    max_length: int = Field(128, ge=8)
+    eval_every: int = Field(0, ge=0)
+    kd_alpha: float = Field(0.0, ge=0, le=1)
+    kd_temperature: float = Field(2.0, gt=0)
+    layer_kd: float = Field(0.0, ge=0)
+    seed: int = 0
+    device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
+
+    def phase(self, max_steps: int, lr: float, **updates: Any) -> TrainConfig:
+        """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies)."""
+        return self.model_copy(update={"max_steps": max_steps, "lr": lr, "epochs": UNCAPPED_EPOCHS, **updates})
+
+
+class MethodConfig(FrozenModel):
+    """Base of every method's configuration; `name` is the registry key."""
+
+    name: ClassVar[str]
+    train: TrainConfig = TrainConfig()
+
+    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+        """Check the config against the base model folder, the teacher folder when given (its config in
+        `model_config`, else the base model's) and the task, before any stage runs; raise PipelineError."""
+
+
+FfnGranularity = Literal["unstructured", "block", "neuron", "none"]
+AttentionGranularity = Literal["unstructured", "block", "head", "none"]
+Allocation = Literal["local", "type", "global", "soft"]
+
+
+class MaskConfig(FrozenModel):
+    """What a pruning method masks and how the kept budget is shared (see `pipeline.compress.masking`).
+
+    Attributes:
+        ffn: FFN granularity: `neuron` (compaction removes it), `block`, `unstructured`, or `none`.
+        attention: attention granularity: `head` (compaction removes it), `block`, `unstructured`, or `none`.
+        block: rows x columns of a block; must divide every masked matrix.
+        allocation: top-k per score tensor (`local`: per matrix, or per layer for neurons/heads), per kind
+            pooled over layers (`type`), over everything (`global`), or SMP-S's soft per-layer split (`soft`).
+        soft_temperature: SMP-S's p in σ(S/p) (the authors' code; 1 = the paper).
+    """
+
+    ffn: FfnGranularity = "neuron"
+    attention: AttentionGranularity = "head"
+    block: tuple[int, int] = (32, 32)
+    allocation: Allocation = "local"
+    soft_temperature: float = Field(1.0, gt=0)
+
+    @property
+    def structured(self) -> bool:
+        return self.ffn in ("neuron", "none") and self.attention in ("head", "none")
+
+    def check_shapes(self, model_config: dict[str, Any]) -> None:
+        """Blocks must tile every masked matrix of the model."""
+        if "block" not in (self.ffn, self.attention):
+            return
+        hidden, inter = model_config.get("hidden_size"), model_config.get("intermediate_size")
+        r, c = self.block
+        shapes = []
+        if self.attention == "block":
+            shapes.append(("attention", hidden, hidden))
+        if self.ffn == "block":
+            shapes += [("FFN input", inter, hidden), ("FFN output", hidden, inter)]
+        for what, rows, cols in shapes:
+            if rows and cols and (rows % r or cols % c):
+                raise PipelineError(f"block {r}x{c} does not divide the {what} matrices ({rows}x{cols})")
+
+
+class DataLimits(FrozenModel):
+    """Caps on examples (a seeded random subset of train; the first N of dev)."""
+
+    max_train: int | None = Field(None, ge=1)
+    max_dev: int | None = Field(None, ge=1)
+
+
+class BenchSettings(FrozenModel):
+    """ONNX Runtime latency grid and stopping rules.
+
+    Attributes:
+        batch_sizes, seq_lens: the grid of input shapes timed.
+        warmup: untimed runs per model per cell.
+        min_runs: timed runs per model always done.
+        max_runs: upper bound on timed runs per model.
+        max_seconds_per_cell: stop a cell once this wall time is spent (after min_runs).
+        threads: intra-op threads; None means physical cores.
+        providers: execution providers to run; None means CPU, plus CUDA when available.
+    """
+
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    seq_lens: tuple[int, ...] = (32, 128)
+    warmup: int = Field(5, ge=0)
+    min_runs: int = Field(10, ge=1)
+    max_runs: int = Field(100, ge=1)
+    max_seconds_per_cell: float = Field(6.0, gt=0)
+    threads: int | None = Field(None, ge=1)
+    providers: tuple[str, ...] | None = None
+
+
+class Gates(FrozenModel):
+    """Validation thresholds; a failed gate stops the flow and publishes nothing."""
+
+    compaction_atol: float = 1e-5
+    onnx_atol: float = 1e-4
+    int8_max_drop: float = Field(1.0, ge=0, description="points of accuracy int8 may lose against ONNX fp32")
+
+
+class DeployConfig(FrozenModel):
+    """Everything one deploy run needs, after recipe + CLI overrides.
+
+    `config` is the method's section, validated by the method's own config class (`registry.method_config`);
+    `teacher` comes from the shared teacher definitions in `recipes/teacher/` unless a recipe inlines one.
+    """
+
+    task: str
+    method: str
+    config: dict[str, Any] = {}
+    teacher: TrainConfig
+    data: DataLimits = DataLimits()
+    bench: BenchSettings = BenchSettings()
+    gates: Gates = Gates()
+
+
+def validate(cls: type[BaseModel], data: Any, what: str) -> Any:
+    """`cls.model_validate(data)`, with the first validation error as a one-line PipelineError about `what`."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise PipelineError(f"invalid {what}: {loc + ': ' if loc else ''}{msg}") from None

@@ -1,0 +1,210 @@
+"""Load a task's train and dev sets from a GLUE TSV folder, a Hugging Face dataset, or the shipped sample.
+
+Resolution order: `--data-dir` when given; otherwise the Hugging Face dataset when the hub is reachable or the
+dataset is cached; otherwise the project's own small sample (sst2 only). The chosen source is recorded in
+`TaskData.source` and printed, so a run never silently trains on the sample.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+import os
+import random
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.data.tasks import TaskSpec, get_task
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).parent / "samples"  # samples/<task>/{train,dev}.tsv
+HUB_HOST = "huggingface.co"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Examples of one split: `texts[i]` holds one string (single-sentence task) or two (pair task)."""
+
+    texts: list[tuple[str, ...]]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True)
+class TaskData:
+    task: TaskSpec
+    train: Split
+    dev: Split
+    source: str  # human-readable: where the examples came from
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over every example: the cache key of anything trained on this data."""
+        h = hashlib.sha256(self.task.name.encode())
+        for split in (self.train, self.dev):
+            for text, label in zip(split.texts, split.labels, strict=True):
+                h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
+            h.update(b"\x1d")
+        return h.hexdigest()
+
+
+def load_task_data(
+    task: str,
+    data_dir: str | Path | None = None,
+    max_train: int | None = None,
+    max_dev: int | None = None,
+    source: str | None = None,
+) -> TaskData:
+    """Load train/dev for `task`; `source` ("tsv", "hub", "sample") skips the resolution (see module doc)."""
+    spec = get_task(task)
+    source = source or resolve_source(spec, data_dir)
+    if source == "tsv":
+        if data_dir is None:
+            raise PipelineError("source 'tsv' needs a data folder")
+        train, dev, label = _from_tsv_dir(spec, Path(data_dir))
+    elif source == "hub":
+        loaded = _from_hub(spec)
+        if loaded is None:
+            raise PipelineError(f"dataset {'/'.join(spec.hf_dataset)} is neither reachable nor cached")
+        train, dev, label = loaded
+    else:
+        train, dev, _ = _from_tsv_dir(spec, SAMPLE_DIR / spec.name)
+        label = (
+            f"embedded sample (pipeline/data/samples/{spec.name}, shipped with the project; "
+            "pass --data-dir for real data)"
+        )
+    train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
+    return TaskData(spec, train, dev, label)
+
+
+def resolve_source(spec: TaskSpec, data_dir: str | Path | None) -> str:
+    """ "tsv" when a folder is given, else "hub" when the dataset loads (online or cached), else "sample"."""
+    if data_dir is not None:
+        return "tsv"
+    if _from_hub(spec) is not None:
+        return "hub"
+    if spec.has_sample:
+        return "sample"
+    raise PipelineError(f"no data for task {spec.name!r}: the hub is unreachable and no sample ships; pass --data-dir")
+
+
+def _limit(split: Split, n: int | None, shuffle: bool) -> Split:
+    if n is None or n >= len(split):
+        return split
+    idx = list(range(len(split)))
+    if shuffle:  # a seeded subset, not the first N: GLUE train files can be ordered
+        random.Random(0).shuffle(idx)
+    idx = sorted(idx[:n])
+    return Split([split.texts[i] for i in idx], [split.labels[i] for i in idx])
+
+
+def _from_tsv_dir(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
+    if not folder.is_dir():
+        raise PipelineError(f"data folder not found: {folder}")
+    train = _read_tsv(spec, folder / spec.train_file)
+    dev = _read_tsv(spec, folder / spec.dev_file)
+    return train, dev, f"GLUE TSV folder {folder.resolve()}"
+
+
+def _read_tsv(spec: TaskSpec, path: Path) -> Split:
+    if not path.is_file():
+        raise PipelineError(
+            f"{path.parent}: missing {path.name} (task {spec.name} expects {spec.train_file} and {spec.dev_file})"
+        )
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(rows, None)
+        if header is None:
+            raise PipelineError(f"{path}: file is empty")
+        wanted = (*spec.tsv_text_columns, spec.tsv_label_column)
+        missing = [c for c in wanted if c not in header]
+        if missing:
+            raise PipelineError(f"{path}: missing column(s) {', '.join(missing)}; header is {', '.join(header)}")
+        cols = [header.index(c) for c in wanted]
+        values = {v: i for i, v in enumerate(spec.tsv_label_values)}
+        texts, labels = [], []
+        for lineno, row in enumerate(rows, start=2):
+            if not row or row == [""]:
+                continue
+            if len(row) <= max(cols):
+                raise PipelineError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
+            raw = row[cols[-1]].strip()
+            if raw not in values:
+                raise PipelineError(
+                    f"{path}:{lineno}: label {raw!r} out of range for {spec.name} "
+                    f"(expected one of {', '.join(values)})"
+                )
+            texts.append(tuple(row[c] for c in cols[:-1]))
+            labels.append(values[raw])
+    if not labels:
+        raise PipelineError(f"{path}: no examples")
+    return Split(texts, labels)
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub resolves, without the datasets library's minute of retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or os.environ.get("HF_DATASETS_OFFLINE", "0") not in (
+        "0",
+        "",
+    ):
+        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.getaddrinfo(HUB_HOST, 443)
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(result and result[0])
+
+
+def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str] | None:
+    """The dataset from the hub, or from the local datasets cache when offline; None when neither has it."""
+    online = hub_reachable()
+    if not online:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"  # read the cache only; read at datasets' import
+    try:
+        import datasets
+
+        if not online:
+            datasets.config.HF_HUB_OFFLINE = True
+        ds = datasets.load_dataset(*spec.hf_dataset)
+    except Exception as e:  # unreachable and not cached, or datasets' own errors
+        log.info("dataset %s not available (%s)", "/".join(spec.hf_dataset), type(e).__name__)
+        return None
+
+    def split(name: str) -> Split:
+        part = ds[name]
+        texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
+        labels = [int(x) for x in part["label"]]
+        keep = [i for i, y in enumerate(labels) if 0 <= y < spec.num_labels]  # GLUE test-style -1 labels
+        return Split([texts[i] for i in keep], [labels[i] for i in keep])
+
+    where = "hub" if online else "local cache"
+    return split("train"), split(spec.hf_dev_split), f"Hugging Face dataset {'/'.join(spec.hf_dataset)} ({where})"
+
+
+@dataclass(frozen=True)
+class DataRef:
+    """What stages pass instead of data: enough to reload the same examples (loading is cheap and deterministic)."""
+
+    task: str
+    source: str  # "tsv", "hub" or "sample", resolved once by `resolve_source`
+    data_dir: str | None = None
+    max_train: int | None = None
+    max_dev: int | None = None
+
+    def load(self) -> TaskData:
+        return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source)

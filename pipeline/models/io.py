@@ -1,0 +1,116 @@
+"""Load and save BERT/RoBERTa classifiers whose layers differ in FFN width, head count, or FFN scaling.
+
+transformers builds every layer from one `intermediate_size` and one `num_attention_heads`, so a compacted
+model cannot round-trip through `from_pretrained` (it fails, or with `ignore_mismatched_sizes` silently
+re-initialises the shrunk layers). We record the per-layer shapes in `config.json`
+(`intermediate_sizes`, `layer_heads`), rebuild those layers at their real sizes before loading, and load the
+weights with `strict=True`, so any mismatch is an error, never a re-initialisation.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from pipeline.errors import PipelineError
+from pipeline.models.folders import check_model_dir, is_classifier, one_line
+from pipeline.models.heads import HEAD_NAME, install_verbalizer_
+from pipeline.models.layers import (
+    ScaledIntermediate,
+    encoder_layers,
+    ffn_widths,
+    head_counts,
+    layer_heads,
+    resize_ffn_,
+    resize_heads_,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from pipeline.data.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
+    """A pretrained encoder with a (new, if needed) classification head for `task`, ready for fine-tuning."""
+    from transformers import AutoModelForSequenceClassification
+
+    check_model_dir(path)
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(
+            str(path),
+            num_labels=task.num_labels,
+            id2label=dict(enumerate(task.labels)),
+            label2id={name: i for i, name in enumerate(task.labels)},
+            ignore_mismatched_sizes=True,  # only the task head may differ: it is what fine-tuning trains
+        )
+    except Exception as e:
+        raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
+
+
+def load_model(path: str | Path) -> PreTrainedModel:
+    """Load a sequence classifier saved by `save_model` (or any standard one), at its real per-layer shapes.
+
+    Raises:
+        PipelineError: the folder is not a classifier, or any weight is missing, unexpected or mis-shaped.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    path = Path(path)
+    check_model_dir(path, need_tokenizer=False)
+    config = AutoConfig.from_pretrained(str(path))
+    if not is_classifier(config):
+        raise PipelineError(f"{path} holds no sequence classifier (architectures: {config.architectures})")
+    if not (path / "model.safetensors").is_file():  # legacy .bin: uniform shapes only, loaded by transformers
+        return AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
+    from safetensors.torch import load_file
+
+    model = AutoModelForSequenceClassification.from_config(config)
+    if getattr(config, "classifier_head", None) == HEAD_NAME:  # SMP's label-word head
+        install_verbalizer_(model)
+    state = load_file(str(path / "model.safetensors"))
+    for i, layer in enumerate(encoder_layers(model)):
+        prefix = f"{model.base_model_prefix}.encoder.layer.{i}"
+        query = state.get(f"{prefix}.attention.self.query.weight")
+        # no query weight: a layer saved with 0 heads (strict loading still fails on any other missing key)
+        heads = 0 if query is None else query.shape[0] // layer.attention.self.attention_head_size
+        if heads != layer_heads(layer):
+            resize_heads_(layer, heads)
+        fc1 = state.get(f"{prefix}.intermediate.dense.weight")
+        if fc1 is not None and fc1.shape[0] != layer.intermediate.dense.out_features:
+            resize_ffn_(layer, fc1.shape[0])
+        scale = state.get(f"{prefix}.intermediate.scale")
+        if scale is not None:
+            inter = layer.intermediate
+            layer.intermediate = ScaledIntermediate(inter.dense, inter.intermediate_act_fn, scale)
+    _check_declared_shapes(model, config, path)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise PipelineError(f"cannot load {path}: {one_line(e)}") from None
+    return model.eval()
+
+
+def _check_declared_shapes(model: nn.Module, config, path: Path) -> None:
+    for key, actual in (("intermediate_sizes", ffn_widths(model)), ("layer_heads", head_counts(model))):
+        declared = getattr(config, key, None)
+        if declared is not None and list(declared) != actual:
+            raise PipelineError(f"{path}: config {key}={declared} disagrees with the weights ({actual})")
+
+
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:
+    """Save weights (safetensors), tokenizer and a config that records every layer's FFN width and heads."""
+    path = Path(path)
+    config = model.config
+    config.intermediate_sizes = ffn_widths(model)
+    config.layer_heads = head_counts(model)
+    config.intermediate_size = max(config.intermediate_sizes)  # keep the scalar honest for tools that read it
+    model.save_pretrained(str(path), safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+    return path

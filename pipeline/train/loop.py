@@ -1,0 +1,161 @@
+"""The one training loop every method reuses: AdamW, linear warm-up and decay, optional KD, dev evaluation.
+
+Methods customise it through `loss_fn` (e.g. MLP Fusion's layer-wise MSE) and `params` (which parameters
+move), not by copying it; a sub-phase (distill's transfer, SMP's recovery) is `cfg.phase(...)` of its budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from pipeline.config.schema import TrainConfig
+from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.train.losses import LossFn, classification_loss
+from pipeline.train.metrics import predict_logits, scores
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    history: list[dict] = field(default_factory=list)  # {"step", "loss", and dev scores when evaluated}
+    dev: dict[str, float] = field(default_factory=dict)
+
+    def report(self) -> dict:
+        """What a stage records of one training phase: budget, time, final loss, dev scores, the history."""
+        final = self.history[-1]["loss"] if self.history else None
+        return {
+            "steps": self.steps,
+            "seconds": round(self.seconds, 1),
+            "final_loss": final,
+            "dev": self.dev,
+            "history": self.history,
+        }
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+    return torch.device(name)
+
+
+def num_steps(cfg: TrainConfig, n_examples: int) -> int:
+    return min(cfg.max_steps, math.ceil(cfg.epochs * n_examples / cfg.batch_size))
+
+
+def lr_factor(step: int, steps: int, warmup_ratio: float, cycles: int = 1) -> float:
+    """Multiplier of the peak learning rate: linear warm-up then linear decay to 0, repeated `cycles` times."""
+    bounds = cycle_bounds(steps, cycles)
+    start, end = next((a, b) for a, b in itertools.pairwise(bounds) if step < b or b == steps)
+    pos, n = step - start, end - start
+    warmup = int(warmup_ratio * n)
+    return (pos + 1) / max(1, warmup) if pos < warmup else max(0.0, (n - pos) / max(1, n - warmup))
+
+
+def cycle_bounds(steps: int, cycles: int) -> list[int]:
+    """First step of each learning-rate cycle, then `steps`: cycles split the run as evenly as possible."""
+    return [round(c * steps / cycles) for c in range(cycles + 1)]
+
+
+def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for name, p in params:
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train(
+    model: nn.Module,
+    train_enc: Encoded,
+    dev_enc: Encoded | None,
+    cfg: TrainConfig,
+    *,
+    teacher: nn.Module | None = None,
+    loss_fn: LossFn | None = None,
+    params: Iterable[tuple[str, nn.Parameter]] | None = None,
+    before_step: Callable[[int], None] | None = None,
+    desc: str = "train",
+) -> TrainResult:
+    """Train `model` in place for the configured budget and return the loss/metric history.
+
+    Args:
+        model: the model to train; it is returned to the CPU in eval mode.
+        train_enc, dev_enc: tokenised splits (dev may be None to skip evaluation).
+        cfg: budget, optimiser and KD settings.
+        teacher: frozen model for KD (and for custom losses that close over it).
+        loss_fn: replaces the default classification(+KD) loss.
+        params: named parameters to optimise (default: all of `model`'s trainable ones).
+        before_step: called with the step index (0-based) before each step (pruning schedules hook in here).
+        desc: label of the progress bar.
+    """
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    model.to(device).train()
+    if teacher is not None:
+        teacher.to(device).eval()
+    loss_fn = loss_fn or classification_loss(teacher, cfg)
+    steps = num_steps(cfg, len(train_enc))
+    result = TrainResult(steps=steps, seconds=0.0)
+    if steps == 0:
+        return _finish(model, teacher, result)
+    groups = _param_groups(params if params is not None else model.named_parameters(), cfg.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
+    start, step, running = time.perf_counter(), 0, None
+    bar = tqdm(
+        total=steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None
+    )  # off without a TTY
+    while step < steps:
+        for batch in iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            if before_step is not None:
+                before_step(step)
+            loss = loss_fn(model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+            entry = {"step": step, "loss": round(running, 5)}
+            if dev_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+                entry.update(scores(predict_logits(model, dev_enc), dev_enc.labels))
+                model.train()
+                log.info("%s: step %d/%d, dev accuracy %.2f", desc, step, steps, entry["accuracy"])
+            result.history.append(entry)
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.4f}")
+            if bar.disable and step % max(1, steps // 10) == 0:  # no TTY: a log line every 10% instead
+                log.info("%s: step %d/%d, loss %.4f, %.1fs", desc, step, steps, running, time.perf_counter() - start)
+            if step >= steps:
+                break
+    bar.close()
+    if dev_enc is not None:
+        result.dev = scores(predict_logits(model, dev_enc), dev_enc.labels)
+        result.history[-1].update(result.dev)
+    result.seconds = time.perf_counter() - start
+    log.info("%s: %d steps in %.1fs, dev %s", desc, steps, result.seconds, result.dev)
+    return _finish(model, teacher, result)
+
+
+def _finish(model: nn.Module, teacher: nn.Module | None, result: TrainResult) -> TrainResult:
+    model.to("cpu").eval()
+    if teacher is not None:
+        teacher.to("cpu")
+    return result
