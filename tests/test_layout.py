@@ -135,3 +135,31 @@ def test_benchmark_scripts_import_what_exists():
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
         result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and "usage" in result.stdout, (script.name, result.stderr[-2000:])
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    """What the code imports (anywhere, nested imports too) is named in pyproject.toml, not merely pulled in by
+    another package's requirements."""
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[\s<>=!\[;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in project["dependencies"]}
+    dists = packages_distributions()
+    missing = set()
+    for path in project_modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            for top in tops:
+                if top in sys.stdlib_module_names or top in PACKAGES or top == "__future__":
+                    continue
+                names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if not names & declared:
+                    missing.add(f"{top} ({', '.join(sorted(names))}) in {path.relative_to(ROOT)}")
+    assert not missing, "imported but not declared:\n" + "\n".join(sorted(missing))
