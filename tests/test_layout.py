@@ -141,8 +141,9 @@ def test_every_third_party_import_is_a_declared_dependency():
     """What the code imports (anywhere, nested imports too) is named in pyproject.toml, not merely pulled in by
     another package's requirements."""
     import re
-    import tomllib
     from importlib.metadata import packages_distributions
+
+    import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {re.split(r"[\s<>=!\[;]", d, maxsplit=1)[0].lower().replace("_", "-") for d in project["dependencies"]}
