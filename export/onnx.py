@@ -8,17 +8,23 @@ attention fusion does not recognise graphs from the dynamo exporter.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
+
+from pipeline.cache import cached_build, dir_digest, key_of
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
+DENSE_EXPORT_VERSION = "1"  # bump when the export, fusion or quantisation of the dense graphs changes
+EXPORT_LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
 
 
 @contextlib.contextmanager
@@ -123,13 +129,33 @@ def export_optimized(model, tokenizer, out_dir: str | Path, stem: str = "model")
     }
 
 
-def export_stage(staging: str, teacher_dir: str) -> dict:
-    """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark)."""
+def export_stage(staging: str, teacher_dir: str, cache_dir: str) -> dict:
+    """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark).
+
+    The dense teacher's graphs are cached by the teacher's digest and the exporting libraries' versions: every
+    deploy from one teacher benchmarks against the same graphs, exported once.
+    """
     from pipeline.models.folders import load_tokenizer
     from pipeline.models.io import load_model
 
     staging_path = Path(staging)
     compact_dir = staging_path / "pytorch"
     report = {"compressed": export_optimized(load_model(compact_dir), load_tokenizer(compact_dir), staging_path)}
-    report["dense"] = export_optimized(load_model(teacher_dir), None, staging_path / ".work", stem="dense")
+    key = key_of(
+        stage="dense-onnx",
+        v=DENSE_EXPORT_VERSION,
+        teacher=dir_digest(Path(teacher_dir)),
+        opset=OPSET,
+        versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
+    )
+
+    def build(out: Path) -> None:
+        stats = export_optimized(load_model(teacher_dir), None, out, stem="dense")
+        (out / "export.json").write_text(json.dumps(stats))
+
+    entry, hit = cached_build(Path(cache_dir), "dense_onnx", key, build)
+    for name in ("dense.onnx", "dense.int8.onnx"):
+        shutil.copy2(entry / name, staging_path / ".work" / name)  # a copy: the run never touches the cache entry
+    report["dense"] = {**json.loads((entry / "export.json").read_text()), "cached": hit}
+    log.info("dense teacher ONNX: %s (%s)", entry, "cached" if hit else "exported now")
     return report

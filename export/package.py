@@ -72,10 +72,15 @@ def git_revision() -> str:
         return "unknown"
 
 
+def published_name(staging: str | Path) -> str:
+    """The artifact folder's name once the staging folder is published."""
+    return Path(staging).name.removeprefix(STAGING_PREFIX)
+
+
 def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Path:
     """Write report and manifest, drop the work files, and rename the staging folder into place."""
     staging = Path(staging)
-    final = staging.parent / staging.name.removeprefix(STAGING_PREFIX)
+    final = staging.parent / published_name(staging)
     if final.exists():
         raise PipelineError(f"artifact {final} already exists")
     shutil.rmtree(staging / ".work", ignore_errors=True)

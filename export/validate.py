@@ -20,8 +20,16 @@ from pipeline.train.metrics import predict_logits, scores
 log = logging.getLogger(__name__)
 
 
-def gate_failures(parity: ParityReport, int8_drop: float, gates: Gates) -> list[str]:
-    """The failed gates, each as a sentence (empty: all passed)."""
+def gate_failures(
+    parity: ParityReport,
+    int8_drop: float,
+    gates: Gates,
+    metric: str = "accuracy",
+    teacher: float = 0.0,
+    compressed: float = 0.0,
+) -> list[str]:
+    """The failed gates, each as a sentence (empty: all passed). `teacher` and `compressed` are the task metric
+    (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on dev, in points."""
     failures = []
     if not parity.passed:
         failures.append(
@@ -30,16 +38,27 @@ def gate_failures(parity: ParityReport, int8_drop: float, gates: Gates) -> list[
         )
     if int8_drop > gates.int8_max_drop:
         failures.append(f"int8 accuracy {int8_drop:.2f} points below fp32 (limit {gates.int8_max_drop})")
+    if teacher - compressed > gates.max_metric_drop:
+        failures.append(
+            f"compressed {metric} {compressed:.2f} is {teacher - compressed:.2f} points below the teacher's "
+            f"{teacher:.2f} (gates.max_metric_drop {gates.max_metric_drop})"
+        )
     return failures
 
 
-def validate(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: int = 128) -> dict:
-    """Score teacher, compressed torch, ONNX fp32 and int8 on dev; check parity; raise on a failed gate."""
+def validate(
+    staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: int, teacher_max_length: int
+) -> dict:
+    """Score teacher, compressed torch, ONNX fp32 and int8 on dev; check parity; raise on a failed gate.
+
+    Each model sees dev tokenised as it was trained: `max_length` for the compressed model, `teacher_max_length`
+    for the teacher.
+    """
     staging_path = Path(staging)
     data = ref.load()
     tokenizer = load_tokenizer(staging_path / "pytorch")
     dev = encode(tokenizer, data.dev, max_length)
-    teacher_dev = encode(load_tokenizer(teacher_dir), data.dev, max_length)
+    teacher_dev = encode(load_tokenizer(teacher_dir), data.dev, teacher_max_length)
 
     logits = {
         "teacher": predict_logits(load_model(teacher_dir), teacher_dev),
@@ -60,7 +79,10 @@ def validate(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_len
         "int8_accuracy_drop": round(int8_drop, 3),
         "gates": gates.model_dump(),
     }
-    failures = gate_failures(parity, int8_drop, gates)
+    metric = data.task.metric
+    teacher_score, compressed_score = metrics["teacher"][metric], metrics["onnx_fp32"][metric]
+    report.update(metric=metric, metric_drop=round(teacher_score - compressed_score, 3), max_length=max_length)
+    failures = gate_failures(parity, int8_drop, gates, metric, teacher_score, compressed_score)
     report["passed"] = not failures
     for name, m in metrics.items():
         log.info("dev %-18s %s", name, {k: round(v, 2) for k, v in m.items()})

@@ -4,16 +4,18 @@ It only sequences tasks (`flows.stage_tasks`). Every stage after `compress` writ
 that is renamed into place when all gates have passed, and removed on any failure.
 """
 
+import logging
 import time
-from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from export.package import artifact_name, discard, new_staging
+from export.package import artifact_name, discard, new_staging, published_name
 from export.report import latency_rows, render_markdown
 from flows import stage_tasks
 from pipeline.request import DeployRequest
+
+log = logging.getLogger(__name__)
 
 
 @flow(name="deploy", log_prints=True)
@@ -41,9 +43,19 @@ def deploy(request: DeployRequest) -> str:
             ref,
             str(staging / "pytorch"),
             cfg.gates.compaction_atol,
+            request.max_length,
         )
-        exported = timed("export", stage_tasks.export_models, str(staging), teacher["path"])
-        validation = timed("validate", stage_tasks.validate_models, str(staging), teacher["path"], ref, cfg.gates)
+        exported = timed("export", stage_tasks.export_models, str(staging), teacher["path"], request.cache_dir)
+        validation = timed(
+            "validate",
+            stage_tasks.validate_models,
+            str(staging),
+            teacher["path"],
+            ref,
+            cfg.gates,
+            request.max_length,
+            cfg.teacher.max_length,
+        )
         speed = timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
         report = {
             "task": cfg.task,
@@ -58,10 +70,20 @@ def deploy(request: DeployRequest) -> str:
             "timings": timings,
         }
         inputs = {"model": request.model, "teacher": teacher["path"], "data": data}
-        final = stage_tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
+        report_to_prefect({**report, "artifact": published_name(staging)})
+        final = stage_tasks.publish(
+            str(staging), report, inputs, cfg.model_dump(mode="json")
+        )  # last: nothing after it can fail
     except BaseException:
         discard(staging)
         raise
-    create_markdown_artifact(key="deploy-report", markdown=render_markdown({**report, "artifact": Path(final).name}))
-    create_table_artifact(key="deploy-latency", table=latency_rows(speed))
     return str(final)
+
+
+def report_to_prefect(report: dict) -> None:
+    """The report as Prefect markdown and table artifacts, for the UI; a failure here never fails the run."""
+    try:
+        create_markdown_artifact(key="deploy-report", markdown=render_markdown(report))
+        create_table_artifact(key="deploy-latency", table=latency_rows(report["speed"]))
+    except Exception as e:  # the artifact folder, not the UI, is the product
+        log.warning("could not create the Prefect report artifacts: %s: %s", type(e).__name__, e)

@@ -1,20 +1,27 @@
-"""A content-addressed cache of stage outputs (fine-tuned teachers, compressed models).
+"""A content-addressed cache of stage outputs (fine-tuned teachers, compressed models, the dense ONNX export).
 
 A key is the sha256 of everything that determines the output (input model digest, data fingerprint, config,
 method). An entry is built in a temporary folder and renamed into place only when complete, so an
-interrupted run never leaves a half-written entry that a later run would trust.
+interrupted run never leaves a half-written entry that a later run would trust. One builder per key at a time:
+a second run asking for the same key waits on the key's lock and then reuses the finished entry, and the lock
+holder removes what a crashed builder left behind (the kernel releases a dead process's lock).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 DONE = ".complete"
 
@@ -48,19 +55,35 @@ def key_of(**parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+@contextlib.contextmanager
+def _locked(lock_file: Path) -> Iterator[None]:
+    """An exclusive lock on `lock_file` (created if needed) for the duration of the block."""
+    with lock_file.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
     """Return (entry folder, hit). On a miss, `build(tmp_folder)` fills a temporary folder first."""
     final = Path(root) / stage / key
     if (final / DONE).is_file():
         return final, True
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
-    try:
-        build(tmp)
-        (tmp / DONE).write_text("")
-        if final.exists():  # an incomplete leftover from a killed run
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _locked(final.parent / f".{key}.lock"):
+        if (final / DONE).is_file():  # another run built it while this one waited
+            return final, True
+        for leftover in [*final.parent.glob(f".{key}-*"), final]:  # a crashed builder's; nobody else holds the key
+            if leftover.is_dir():
+                log.info("cache: removing %s, left by an interrupted build", leftover)
+                shutil.rmtree(leftover)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+        try:
+            build(tmp)
+            (tmp / DONE).write_text("")
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final, False

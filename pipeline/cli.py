@@ -51,10 +51,10 @@ def deploy(
         str | None,
         typer.Option(help="An already fine-tuned classifier folder to compress (skips teacher fine-tuning)."),
     ] = None,
-    data_dir: Annotated[
-        str | None,
-        typer.Option(help="GLUE TSV folder; default: HF dataset if reachable/cached, else the shipped sample."),
-    ] = None,
+    data_dir: Annotated[str | None, typer.Option(help="GLUE TSV folder (train.tsv, dev.tsv).")] = None,
+    hub: Annotated[
+        bool, typer.Option("--hub", help="The task's Hugging Face dataset (online, or from the local datasets cache).")
+    ] = False,
     output: Annotated[str, typer.Option(help="Folder that receives the artifact folder.")] = "artifacts",
     recipe: Annotated[
         str | None, typer.Option(help="YAML recipe; default: the packaged one for method and task.")
@@ -91,6 +91,7 @@ def deploy(
             model=model,
             teacher=teacher,
             data_dir=data_dir,
+            hub=hub,
             output_dir=output,
             cache_dir=cache_dir,
             recipe=recipe,

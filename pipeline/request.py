@@ -21,6 +21,21 @@ from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
 
 
+def check_devices(devices: dict[str, str]) -> None:
+    """Every requested device exists on this machine: `cuda` without CUDA fails here, not minutes into a run."""
+    wanted = {key: dev for key, dev in devices.items() if dev.startswith("cuda")}
+    if not wanted:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for key, dev in wanted.items():
+        index = int(dev.partition(":")[2] or 0)
+        if index >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (torch " + torch.__version__ + ")"
+            raise PipelineError(f"{key}={dev}, but this machine has {have}; use auto or cpu")
+
+
 def build_deploy_config(
     method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> DeployConfig:
@@ -46,6 +61,11 @@ class DeployRequest(BaseModel):
     data_source: str
 
     @property
+    def max_length(self) -> int:
+        """Tokens per example the compressed model was trained with (compaction and validation use it too)."""
+        return method_config(self.config).train.max_length
+
+    @property
     def data(self) -> DataRef:
         limits = self.config.data
         return DataRef(self.config.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev)
@@ -58,6 +78,7 @@ def prepare_request(
     model: str | None = None,
     teacher: str | None = None,
     data_dir: str | None = None,
+    hub: bool = False,
     output_dir: str = "artifacts",
     cache_dir: str | None = None,
     recipe: str | None = None,
@@ -77,7 +98,9 @@ def prepare_request(
             )
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg
-    method_config(config).preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
+    method_cfg = method_config(config)
+    method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
+    check_devices({"teacher.device": config.teacher.device, "config.train.device": method_cfg.train.device})
     request = DeployRequest(
         config=config,
         model=model_dir,
@@ -85,7 +108,7 @@ def prepare_request(
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()),
-        data_source=resolve_source(get_task(task), data_dir),
+        data_source=resolve_source(get_task(task), data_dir, hub),
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request

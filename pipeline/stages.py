@@ -115,7 +115,7 @@ def compress(
 
 
 def compact(
-    compressed_dir: str, ref: DataRef, out_dir: str, atol: float, max_examples: int = 256, max_length: int = 128
+    compressed_dir: str, ref: DataRef, out_dir: str, atol: float, max_length: int, max_examples: int = 256
 ) -> dict:
     """Compact the compressed model into `out_dir` and prove it exact on dev inputs (GateError otherwise)."""
     tokenizer = load_tokenizer(compressed_dir)
@@ -126,7 +126,7 @@ def compact(
     report = compact_(model)
     after = predict_logits(model, dev)
     diff = float(abs(before - after).max())
-    report.update(max_abs_diff=diff, atol=atol, examples=len(dev))
+    report.update(max_abs_diff=diff, atol=atol, examples=len(dev), max_length=max_length)
     if not diff <= atol:
         raise GateError(f"compaction changed logits by {diff:.2e} (> {atol:.0e})")
     save_model(model, tokenizer, out_dir)

@@ -120,44 +120,26 @@ def sample_logits(model, seed=0):
 
 
 # A tiny random model scored on a few dozen dev sentences: one borderline sentence that int8 flips is 2-3 points,
-# and which one flips varies with thread timing in training. The int8 gate itself is tested in test_export.
-LOOSE_INT8_GATE = ("--set", "gates.int8_max_drop=100")
+# and which one flips varies with thread timing in training; the compressed model may trail such a teacher by
+# as much. Tests that are not about the accuracy gates loosen them; `test_live_gates` keeps every gate live.
+LOOSE_GATES = ("--set", "gates.int8_max_drop=100", "--set", "gates.max_metric_drop=100")
+QUICK_BENCH = ("--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
+               "--set", "bench.min_runs=1", "--set", "bench.warmup=0")  # fmt: skip
+
+
+def quick_args(method, model_dir, tmp_path, *extra):
+    """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark."""
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["--method", method, "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path / "out"),
+            "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra, *QUICK_BENCH]  # fmt: skip
+    return args, env
 
 
 def quick_deploy(method, model_dir, tmp_path, *extra):
-    """A deploy on a tiny model with a token budget and a one-cell benchmark; returns (process, artifact)."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
-    result = run_cli(
-        [
-            "--method",
-            method,
-            "--task",
-            "sst2",
-            "--model",
-            str(model_dir),
-            "--output",
-            str(tmp_path / "out"),
-            "--teacher-steps",
-            "4",
-            "--max-train",
-            "200",
-            "--max-dev",
-            "32",
-            *extra,
-            "--set",
-            "bench.batch_sizes=[1]",
-            "--set",
-            "bench.seq_lens=[16]",
-            "--bench-runs",
-            "2",
-            "--set",
-            "bench.min_runs=1",
-            "--set",
-            "bench.warmup=0",
-            *LOOSE_INT8_GATE,
-        ],
-        env,
-    )
+    """A deploy on a tiny model with a token budget, loose accuracy gates and a one-cell benchmark; returns
+    (process, artifact)."""
+    args, env = quick_args(method, model_dir, tmp_path, *extra, *LOOSE_GATES)
+    result = run_cli(args, env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, Path(result.stdout.strip().splitlines()[-1])
 

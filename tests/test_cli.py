@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.helpers import LOOSE_INT8_GATE, quick_deploy, run_cli
+from tests.helpers import LOOSE_GATES, quick_args, quick_deploy, run_cli
 
 runner = CliRunner()
 
@@ -215,7 +216,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
         "bench.min_runs=2",
         "--set",
         "bench.warmup=1",
-        *LOOSE_INT8_GATE,
+        *LOOSE_GATES,
     ]
     first = run_cli(common, env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -300,3 +301,39 @@ def test_structured_pruning_deploys_smaller_models(base_dirs, tmp_path, method, 
     assert sum(compaction["removed_ffn_neurons"]) == mask["neuron"]["units"] - mask["neuron"]["kept"]
     config = json.loads((artifact / "config.json").read_text())
     assert config["layer_heads"] == compaction["heads"] and config["intermediate_sizes"] == compaction["ffn_widths"]
+
+
+def test_live_gates(base_dirs, tmp_path):
+    """Every gate at its default, live: a tiny teacher trained long enough to have margins (so int8 flips one
+    sentence of 250 at most) and a fused student that recovers; then a fusion to one neuron per FFN, untrained,
+    which misses `gates.max_metric_drop` in one line and publishes nothing."""
+    trained = ("--teacher-steps", "200", "--set", "teacher.lr=2e-3", "--set", "teacher.epochs=100",
+               "--max-train", "1000", "--max-dev", "250")  # fmt: skip
+    args, env = quick_args("mlp_fusion", base_dirs["bert"], tmp_path, *trained, "--steps", "100",
+                           "--set", "config.train.lr=1e-3", "--set", "config.tune_steps=20")  # fmt: skip
+    first = run_cli(args, env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    artifact = Path(first.stdout.strip().splitlines()[-1])
+    report = json.loads((artifact / "report.json").read_text())
+    validation = report["validation"]
+    assert validation["gates"] == {
+        "compaction_atol": 1e-5,
+        "onnx_atol": 1e-4,
+        "int8_max_drop": 1.0,
+        "max_metric_drop": 3.0,
+    }
+    assert validation["metric"] == "accuracy" and validation["metric_drop"] <= 3.0
+
+    wrecked = ("--steps", "0", "--set", "config.tune_steps=0", "--set", "config.ratio=0.01")
+    loose_int8 = ("--set", "gates.int8_max_drop=100")  # a wrecked model's int8 graph may flip many sentences
+    args, env = quick_args("mlp_fusion", base_dirs["bert"], tmp_path, *trained, *wrecked, *loose_int8)
+    second = run_cli(args, env)
+    lines = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+    assert second.returncode == 1 and len(lines) == 1, second.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: validation failed: compressed accuracy \d+\.\d\d is \d+\.\d\d points below the teacher's "
+        r"\d+\.\d\d \(gates\.max_metric_drop 3\.0\)",
+        lines[0],
+    ), lines[0]
+    assert re.search(r"dense teacher ONNX: .* \(cached\)", second.stderr)  # exported once per teacher
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [artifact.name]  # nothing else published

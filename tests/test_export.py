@@ -72,6 +72,10 @@ def test_gate_failures():
     assert len(gate_failures(bad, 0.5, gates)) == 1 and "ONNX fp32" in gate_failures(bad, 0.5, gates)[0]
     assert "int8" in gate_failures(good, 1.5, gates)[0]
     assert len(gate_failures(bad, 3.0, gates)) == 2
+    assert gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=87.0) == []  # exactly the budget
+    (line,) = gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=86.5)
+    assert line == "compressed f1 86.50 is 3.50 points below the teacher's 90.00 (gates.max_metric_drop 3.0)"
+    assert len(gate_failures(bad, 3.0, gates, "accuracy", 90.0, 80.0)) == 3
 
 
 def test_ort_runs_the_same_batches_as_torch(dev_texts, tmp_path):

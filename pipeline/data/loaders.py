@@ -1,8 +1,8 @@
 """Load a task's train and dev sets from a GLUE TSV folder, a Hugging Face dataset, or the shipped sample.
 
-Resolution order: `--data-dir` when given; otherwise the Hugging Face dataset when the hub is reachable or the
-dataset is cached; otherwise the project's own small sample (sst2 only). The chosen source is recorded in
-`TaskData.source` and printed, so a run never silently trains on the sample.
+The user names the source: `--data-dir DIR` (GLUE TSV) or `--hub` (the Hugging Face dataset, online or from the
+local datasets cache). A named source that fails is an error naming it. With no source named, the project's own
+small sample is used (sst2 only) and the run says so. The chosen source is recorded in `TaskData.source`.
 """
 
 from __future__ import annotations
@@ -70,10 +70,7 @@ def load_task_data(
             raise PipelineError("source 'tsv' needs a data folder")
         train, dev, label = _from_tsv_dir(spec, Path(data_dir))
     elif source == "hub":
-        loaded = _from_hub(spec)
-        if loaded is None:
-            raise PipelineError(f"dataset {'/'.join(spec.hf_dataset)} is neither reachable nor cached")
-        train, dev, label = loaded
+        train, dev, label = _from_hub(spec)
     else:
         train, dev, _ = _from_tsv_dir(spec, SAMPLE_DIR / spec.name)
         label = (
@@ -84,15 +81,24 @@ def load_task_data(
     return TaskData(spec, train, dev, label)
 
 
-def resolve_source(spec: TaskSpec, data_dir: str | Path | None) -> str:
-    """ "tsv" when a folder is given, else "hub" when the dataset loads (online or cached), else "sample"."""
+def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:
+    """The source the user named ("tsv" for a folder, "hub" for the Hugging Face dataset), else "sample".
+
+    A named source that fails is an error naming it (when it is loaded); the shipped sample is used only when no
+    source was named, and the run says so.
+    """
+    if data_dir is not None and hub:
+        raise PipelineError("name one data source: --data-dir or --hub, not both")
     if data_dir is not None:
         return "tsv"
-    if _from_hub(spec) is not None:
+    if hub:
         return "hub"
     if spec.has_sample:
+        log.warning(
+            "no data source named: using the embedded %s sample (pass --data-dir or --hub for real data)", spec.name
+        )
         return "sample"
-    raise PipelineError(f"no data for task {spec.name!r}: the hub is unreachable and no sample ships; pass --data-dir")
+    raise PipelineError(f"no data for task {spec.name!r} (no sample ships for it): pass --data-dir DIR or --hub")
 
 
 def _limit(split: Split, n: int | None, shuffle: bool) -> Split:
@@ -170,8 +176,9 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     return bool(result and result[0])
 
 
-def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str] | None:
-    """The dataset from the hub, or from the local datasets cache when offline; None when neither has it."""
+def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
+    """The dataset from the hub, or from the local datasets cache when offline; an error naming it otherwise."""
+    name = "/".join(spec.hf_dataset)
     online = hub_reachable()
     if not online:
         os.environ["HF_DATASETS_OFFLINE"] = "1"  # read the cache only; read at datasets' import
@@ -182,18 +189,21 @@ def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str] | None:
             datasets.config.HF_HUB_OFFLINE = True
         ds = datasets.load_dataset(*spec.hf_dataset)
     except Exception as e:  # unreachable and not cached, or datasets' own errors
-        log.info("dataset %s not available (%s)", "/".join(spec.hf_dataset), type(e).__name__)
-        return None
+        where = "the hub" if online else "the local datasets cache (the hub is unreachable)"
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise PipelineError(
+            f"--hub: dataset {name} could not be loaded from {where}: {type(e).__name__}: {first}"
+        ) from None
 
-    def split(name: str) -> Split:
-        part = ds[name]
+    def split(part_name: str) -> Split:
+        part = ds[part_name]
         texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
         labels = [int(x) for x in part["label"]]
         keep = [i for i, y in enumerate(labels) if 0 <= y < spec.num_labels]  # GLUE test-style -1 labels
         return Split([texts[i] for i in keep], [labels[i] for i in keep])
 
     where = "hub" if online else "local cache"
-    return split("train"), split(spec.hf_dev_split), f"Hugging Face dataset {'/'.join(spec.hf_dataset)} ({where})"
+    return split("train"), split(spec.hf_dev_split), f"Hugging Face dataset {name} ({where})"
 
 
 @dataclass(frozen=True)

@@ -37,20 +37,46 @@ log = logging.getLogger(__name__)
 
 
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
-    """A pretrained encoder with a (new, if needed) classification head for `task`, ready for fine-tuning."""
-    from transformers import AutoModelForSequenceClassification
+    """A pretrained encoder with a classification head for `task`, ready for fine-tuning.
 
-    check_model_dir(path)
+    Only the head may be new: a folder saved at per-layer shapes (a compacted classifier, e.g. an artifact's
+    `pytorch/`) loads through `load_model`, keeping every layer as it is, and keeps its head when the label count
+    matches (else gets a fresh one); any other folder loads through transformers, and a mismatch anywhere but the
+    head is an error, never a silent re-initialisation.
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = check_model_dir(path)
+    labels = {
+        "num_labels": task.num_labels,
+        "id2label": dict(enumerate(task.labels)),
+        "label2id": {name: i for i, name in enumerate(task.labels)},
+    }
+    if is_classifier(config) and Path(path, "model.safetensors").is_file():
+        model = load_model(path)
+        if model.config.num_labels != task.num_labels:
+            if getattr(model.config, "classifier_head", None) == HEAD_NAME:
+                raise PipelineError(
+                    f"{path}: its verbalizer head has {model.config.num_labels} label words; task "
+                    f"{task.name} has {task.num_labels} labels"
+                )
+            fresh = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(str(path), **labels))
+            model.classifier = fresh.classifier
+        for key, value in labels.items():
+            setattr(model.config, key, value)
+        return model
     try:
-        return AutoModelForSequenceClassification.from_pretrained(
-            str(path),
-            num_labels=task.num_labels,
-            id2label=dict(enumerate(task.labels)),
-            label2id={name: i for i, name in enumerate(task.labels)},
-            ignore_mismatched_sizes=True,  # only the task head may differ: it is what fine-tuning trains
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            str(path), ignore_mismatched_sizes=True, output_loading_info=True, **labels
         )
     except Exception as e:
         raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
+    # plain keys here; (key, shapes) tuples in some transformers versions
+    keys = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])]
+    mismatched = [key for key in keys if not key.startswith("classifier.")]
+    if mismatched:
+        raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
+    return model
 
 
 def load_model(path: str | Path) -> PreTrainedModel:
