@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     """A pretrained encoder with a classification head for `task`, ready for fine-tuning.
 
-    Only the head may be new: a folder saved at per-layer shapes (a compacted classifier, e.g. an artifact's
+    Only the head may be new: a classifier saved at per-layer shapes (a compacted one, e.g. an artifact's
     `pytorch/`) loads through `load_model`, keeping every layer as it is, and keeps its head when the label count
     matches (else gets a fresh one); any other folder loads through transformers, and a mismatch anywhere but the
     head is an error, never a silent re-initialisation.
@@ -52,7 +52,8 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
         "id2label": dict(enumerate(task.labels)),
         "label2id": {name: i for i, name in enumerate(task.labels)},
     }
-    if is_classifier(config) and Path(path, "model.safetensors").is_file():
+    per_layer = "intermediate_sizes" in config or "layer_heads" in config  # saved by `save_model`
+    if per_layer and is_classifier(config) and Path(path, "model.safetensors").is_file():
         model = load_model(path)
         if model.config.num_labels != task.num_labels:
             if getattr(model.config, "classifier_head", None) == HEAD_NAME:
