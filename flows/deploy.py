@@ -71,9 +71,8 @@ def deploy(request: DeployRequest) -> str:
         }
         inputs = {"model": request.model, "teacher": teacher["path"], "data": data}
         report_to_prefect({**report, "artifact": published_name(staging)})
-        final = stage_tasks.publish(
-            str(staging), report, inputs, cfg.model_dump(mode="json")
-        )  # last: nothing after it can fail
+        # publishing is the last step: nothing after it can fail the run
+        final = stage_tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
     except BaseException:
         discard(staging)
         raise
