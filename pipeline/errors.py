@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
 class PipelineError(Exception):
     """A problem with the user's input or environment, stated in one line."""
 

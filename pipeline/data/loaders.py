@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.data.tasks import TaskSpec, get_task
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +190,7 @@ def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
         ds = datasets.load_dataset(*spec.hf_dataset)
     except Exception as e:  # unreachable and not cached, or datasets' own errors
         where = "the hub" if online else "the local datasets cache (the hub is unreachable)"
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise PipelineError(
-            f"--hub: dataset {name} could not be loaded from {where}: {type(e).__name__}: {first}"
-        ) from None
+        raise PipelineError(f"--hub: dataset {name} could not be loaded from {where}: {one_line(e)}") from None
 
     def split(part_name: str) -> Split:
         part = ds[part_name]

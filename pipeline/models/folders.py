@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, one_line
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -100,9 +100,3 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(path), use_fast=True)
     except Exception as e:
         raise PipelineError(f"cannot load tokenizer from {path}: {one_line(e)}") from None
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -9,14 +9,13 @@ weights with `strict=True`, so any mismatch is an error, never a re-initialisati
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch import nn
 
-from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, is_classifier, one_line
+from pipeline.errors import PipelineError, one_line
+from pipeline.models.folders import check_model_dir, is_classifier
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
 from pipeline.models.layers import (
     ScaledIntermediate,
@@ -32,8 +31,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from pipeline.data.tasks import TaskSpec
-
-log = logging.getLogger(__name__)
 
 
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline.data.tasks import TaskSpec, get_task
-from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, load_tokenizer, one_line, safetensors_header
+from pipeline.errors import PipelineError, one_line
+from pipeline.models.folders import check_model_dir, load_tokenizer, safetensors_header
 from pipeline.models.heads import BYTE_LEVEL_TYPES, HEAD_NAME, head_modules, install_verbalizer_
 
 if TYPE_CHECKING:
