@@ -127,6 +127,22 @@ QUICK_BENCH = ("--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]",
                "--set", "bench.min_runs=1", "--set", "bench.warmup=0")  # fmt: skip
 
 
+def cli_deploy(*args):
+    """`pipeline deploy ARGS` in-process (typer's runner): for the refusals, which stop before any stage."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    return CliRunner().invoke(app, ["deploy", *args])
+
+
+def assert_one_line_error(result, needle):
+    """The CLI refused the input: exit code 2 and one `error: ...` line on stderr that contains `needle`."""
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
+
+
 def quick_args(method, model_dir, tmp_path, *extra):
     """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}

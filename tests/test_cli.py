@@ -11,19 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.helpers import LOOSE_GATES, quick_args, quick_deploy, run_cli
+from tests.helpers import LOOSE_GATES, assert_one_line_error, cli_deploy, quick_args, quick_deploy, run_cli
 
 runner = CliRunner()
-
-
-def _deploy(*args):
-    return runner.invoke(app, ["deploy", *args])
-
-
-def _one_line_error(result, needle):
-    assert result.exit_code == 2, result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
 
 
 def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
@@ -119,25 +109,25 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
     ],
 )
 def test_bad_arguments(args, needle):
-    result = _deploy(*args, "--output", "out")
-    _one_line_error(result, needle)
+    result = cli_deploy(*args, "--output", "out")
+    assert_one_line_error(result, needle)
     assert not Path("out").exists()
 
 
 @pytest.mark.parametrize("how", ["config", "weights"])
 def test_corrupt_model_folder(base_dirs, tmp_path, how):
     bad = _corrupt_copy(base_dirs["bert"], tmp_path / "bad", how)
-    _one_line_error(
-        _deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt"
+    assert_one_line_error(
+        cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt"
     )
     assert not Path("out").exists()
 
 
 def test_teacher_must_be_a_classifier(base_dirs):
-    result = _deploy(
+    result = cli_deploy(
         "--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out"
     )
-    _one_line_error(result, "not a fine-tuned sequence classifier")
+    assert_one_line_error(result, "not a fine-tuned sequence classifier")
 
 
 @pytest.mark.parametrize(
@@ -157,15 +147,15 @@ def test_bad_data_folder(files, needle):
     Path("data").mkdir()
     for name, text in files.items():
         Path("data", name).write_text(text)
-    _one_line_error(
-        _deploy("--method", "mlp_fusion", "--task", "sst2", "--data-dir", "data", "--output", "out"), needle
+    assert_one_line_error(
+        cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--data-dir", "data", "--output", "out"), needle
     )
     assert not Path("out").exists()
 
 
 def test_output_path_that_is_a_file():
     Path("out").write_text("")
-    _one_line_error(_deploy("--method", "mlp_fusion", "--task", "sst2", "--output", "out"), "is a file")
+    assert_one_line_error(cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--output", "out"), "is a file")
 
 
 def test_help_does_not_import_torch():

@@ -8,22 +8,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from pipeline.cli import app
 from pipeline.compress.compaction import compact_
 from pipeline.data.loaders import load_task_data, resolve_source
 from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_base_model, save_model
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
-from tests.helpers import LOOSE_GATES, quick_args, sample_logits, tiny_model, tiny_tokenizer
-
-
-def _one_line_error(result, needle):
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert needle in lines[0], lines[0]
+from tests.helpers import (
+    LOOSE_GATES,
+    assert_one_line_error,
+    cli_deploy,
+    quick_args,
+    sample_logits,
+    tiny_model,
+    tiny_tokenizer,
+)
 
 
 @pytest.fixture()
@@ -65,10 +65,8 @@ def test_a_mismatch_outside_the_head_is_an_error(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize("key", ["teacher.device", "config.train.device"])
 def test_a_missing_cuda_device_fails_before_any_stage(key, tmp_path):
-    result = CliRunner().invoke(
-        app, ["deploy", "--method", "mlp_fusion", "--task", "sst2", "--output", "out", "--set", f"{key}=cuda"]
-    )
-    _one_line_error(result, f"{key}=cuda, but this machine has no CUDA device")
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--output", "out", "--set", f"{key}=cuda")
+    assert_one_line_error(result, f"{key}=cuda, but this machine has no CUDA device")
 
 
 def test_a_named_data_source_that_fails_is_an_error_naming_it():
@@ -79,8 +77,8 @@ def test_a_named_data_source_that_fails_is_an_error_naming_it():
         PipelineError, match="--hub: dataset glue/sst2 could not be loaded from the local datasets cache"
     ):
         load_task_data("sst2", source="hub")
-    result = CliRunner().invoke(app, ["deploy", "--method", "mlp_fusion", "--task", "sst2", "--hub"])
-    _one_line_error(result, "--hub: dataset glue/sst2 could not be loaded")
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--hub")
+    assert_one_line_error(result, "--hub: dataset glue/sst2 could not be loaded")
     with pytest.raises(PipelineError, match="--data-dir or --hub, not both"):
         resolve_source(spec, "data", hub=True)
 
