@@ -24,9 +24,9 @@ def gate_failures(
     parity: ParityReport,
     int8_drop: float,
     gates: Gates,
-    metric: str = "accuracy",
-    teacher: float = 0.0,
-    compressed: float = 0.0,
+    metric: str,
+    teacher: float,
+    compressed: float,
 ) -> list[str]:
     """The failed gates, each as a sentence (empty: all passed). `teacher` and `compressed` are the task metric
     (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on dev, in points."""

@@ -68,10 +68,13 @@ def test_gate_failures():
     a = np.zeros((4, 2), dtype=np.float32)
     good = compare_logits(a, a + 1e-6, gates.onnx_atol)
     bad = compare_logits(a, a + 1e-3, gates.onnx_atol)
-    assert gate_failures(good, 0.5, gates) == []
-    assert len(gate_failures(bad, 0.5, gates)) == 1 and "ONNX fp32" in gate_failures(bad, 0.5, gates)[0]
-    assert "int8" in gate_failures(good, 1.5, gates)[0]
-    assert len(gate_failures(bad, 3.0, gates)) == 2
+    on_par = ("accuracy", 90.0, 90.0)  # the compressed model matches its teacher
+    assert gate_failures(good, 0.5, gates, *on_par) == []
+    assert (
+        len(gate_failures(bad, 0.5, gates, *on_par)) == 1 and "ONNX fp32" in gate_failures(bad, 0.5, gates, *on_par)[0]
+    )
+    assert "int8" in gate_failures(good, 1.5, gates, *on_par)[0]
+    assert len(gate_failures(bad, 3.0, gates, *on_par)) == 2
     assert gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=87.0) == []  # exactly the budget
     (line,) = gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=86.5)
     assert line == "compressed f1 86.50 is 3.50 points below the teacher's 90.00 (gates.max_metric_drop 3.0)"
