@@ -75,9 +75,10 @@ def graph() -> dict[str, set[str]]:
     return {m: imports_of(p, m, known) for m, p in known.items()}
 
 
-def test_every_import_points_down_the_road():
+def uphill_imports(g: dict[str, set[str]]) -> list[str]:
+    """Imports from a unit into one of the same or a higher rank (the server may only import itself)."""
     uphill = []
-    for module, deps in graph().items():
+    for module, deps in g.items():
         for dep in deps:
             if dep.startswith(module + "."):  # a package's __init__ naming its own submodules
                 continue
@@ -88,17 +89,16 @@ def test_every_import_points_down_the_road():
                 continue
             if mine != theirs and RANKS[theirs] >= RANKS[mine]:
                 uphill.append(f"{module} ({mine}) -> {dep} ({theirs})")
-    assert not uphill, "imports that do not point down the road:\n" + "\n".join(sorted(uphill))
+    return sorted(uphill)
 
 
-def test_no_import_cycles():
-    g = graph()
+def import_cycles(g: dict[str, set[str]]) -> list[str]:
     state: dict[str, int] = {}
     cycles = []
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
-        for dep in sorted(g[node]):
+        for dep in sorted(g.get(node, ())):
             if state.get(dep) == 1:
                 cycles.append(" -> ".join([*stack[stack.index(dep) :], dep]))
             elif dep not in state:
@@ -108,16 +108,30 @@ def test_no_import_cycles():
     for node in sorted(g):
         if node not in state:
             visit(node, [node])
+    return cycles
+
+
+def test_every_import_points_down_the_road():
+    uphill = uphill_imports(graph())
+    assert not uphill, "imports that do not point down the road:\n" + "\n".join(uphill)
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(graph())
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_checker_sees_an_uphill_import(tmp_path):
-    """The layering test can fail: a nested import from a lower unit into a higher one is reported."""
+def test_the_checks_fail_on_an_uphill_import_and_a_cycle(tmp_path):
+    """A nested import from a lower unit into a higher one is seen and reported, and so is a cycle."""
     path = tmp_path / "loop.py"
     path.write_text("def f():\n    from pipeline.compress.registry import get_method\n")
-    known = project_modules()
-    assert imports_of(path, "pipeline.train.loop", known) == {"pipeline.compress.registry"}
-    assert RANKS[unit("pipeline.compress.registry")] > RANKS[unit("pipeline.train.loop")]
+    deps = imports_of(path, "pipeline.train.loop", project_modules())
+    assert deps == {"pipeline.compress.registry"}
+    assert uphill_imports({"pipeline.train.loop": deps}) == [
+        "pipeline.train.loop (train) -> pipeline.compress.registry (compress)"
+    ]
+    assert uphill_imports({"serving.app": {"pipeline.errors"}}) == ["serving.app -> pipeline.errors"]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
 
 
 def test_methods_are_listed_without_importing_any_other_pipeline_module_first():
