@@ -121,15 +121,21 @@ def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
                 "within the limit are truncated to the model's max tokens)",
                 "text_too_long",
             )
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
+        if not _is_unicode(t):
             raise RequestError(
                 422,
                 f"{where}[{i}] is not valid Unicode text (it contains a lone surrogate escape such as \\ud800)",
                 "bad_text",
-            ) from None
+            )
     return texts
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_predict(payload: Any, limits: Limits) -> PredictRequest:
@@ -180,6 +186,8 @@ def parse_infer(payload: Any, limits: Limits) -> InferRequest:
     request_id = body.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError(422, f"'id' must be a string, not {_type(request_id)}", "wrong_type")
+    if request_id is not None and not _is_unicode(request_id):  # echoed in the response, which must encode
+        raise RequestError(422, "'id' is not valid Unicode text (it contains a lone surrogate escape)", "bad_text")
     _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1:

@@ -162,6 +162,12 @@ BAD = [
     ("/predict", json.dumps({"inputs": ["a"] * 9}).encode(), 413, "inputs has 9 texts; at most 8"),
     ("/predict", json.dumps({"inputs": ["a", "b" * 301]}).encode(), 413, "inputs[1] has 301 characters; at most 300"),
     ("/predict", b'{"inputs": "\\ud800"}', 422, "lone surrogate"),
+    (
+        "/v2/models/sst2-tiny-serving/infer",
+        b'{"id": "\\ud800", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}',
+        422,
+        "'id' is not valid Unicode",
+    ),
     ("/predict", b'{"inputs": "a", "parameters": {"top_k": "2"}}', 422, "top_k' must be a positive integer"),
     ("/predict", b'{"inputs": "a", "parameters": {"top_k": 0}}', 422, "top_k' must be a positive integer"),
     ("/predict", b'{"inputs": "a", "parameters": {"top_k": true}}', 422, "top_k' must be a positive integer"),
