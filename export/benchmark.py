@@ -19,7 +19,7 @@ from export.sessions import CPU, CUDA, make_session, physical_cores
 from pipeline.config.schema import BenchSettings
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     name = platform.processor()
     if name in ("", "x86_64", "aarch64", "unknown"):  # Linux usually gives only the arch
         try:
@@ -158,7 +158,7 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
         "execution_mode": "ORT_SEQUENTIAL",
         "graph_optimization": "ORT_ENABLE_ALL",
         "interleaved": True,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "ort_version": ort.__version__,
     }
     return {"device": device, "cells": cells, "skipped": skipped}

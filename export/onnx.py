@@ -61,15 +61,24 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
     return out_dir / "model.onnx"
 
 
-def optimize_onnx(src: str | Path, dst: str | Path) -> dict[str, int]:
+def optimize_onnx(
+    src: str | Path, dst: str | Path, embed_layer_norm: bool = True, gelu_approximation: bool = False
+) -> dict[str, int]:
     """Fuse attention, GELU and LayerNorm with ORT's transformer optimizer (hardware-independent, opt_level 0).
 
     Heads and hidden size are detected per layer from the graph (num_heads=0), which is what makes fusion
-    work for layers with different head counts.
+    work for layers with different head counts. EmbedLayerNormalization fusion is on (Optimum turns it off) and
+    the GELU approximation off: `benchmarks/int8_modes.py` measures both choices.
     """
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    opt = optimize_model(str(src), model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
+    options = FusionOptions("bert")
+    options.enable_embed_layer_norm = embed_layer_norm
+    options.enable_gelu_approximation = gelu_approximation
+    opt = optimize_model(
+        str(src), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, optimization_options=options
+    )
     opt.save_model_to_file(str(dst))
     return {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
 
@@ -99,6 +108,46 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
         with _quiet():
             quantize_dynamic(
                 str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+            )
+    return op_counts(dst)
+
+
+def quantize_static_int8(src: str | Path, dst: str | Path, feeds: list[dict]) -> dict[str, int]:
+    """Static QDQ int8: MatMul/Gemm weights per channel, activations at scales calibrated (min-max) on `feeds`.
+
+    Unlike dynamic int8, the activation scales are constants, so a sentence's scores do not depend on what it is
+    batched with. `MatMulConstBOnly` keeps the attention's activation-by-activation MatMuls in fp32 (ORT's
+    static default would quantise them, at a cost in accuracy), as dynamic mode does.
+    """
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    graph = SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True)
+    empty = {t.name for t in graph.graph.initializer if 0 in t.dims}
+    keep_fp32 = [n.name for n in graph.graph.node if n.op_type == "MatMul" and empty.intersection(n.input)]
+    with tempfile.TemporaryDirectory() as tmp:
+        shaped = Path(tmp) / "shaped.onnx"
+        onnx.save(graph, str(shaped))
+        with _quiet():
+            quantize_static(
+                str(shaped),
+                str(dst),
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=["MatMul", "Gemm"],
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=keep_fp32,
+                extra_options={"MatMulConstBOnly": True},
             )
     return op_counts(dst)
 

@@ -1,4 +1,5 @@
-"""Validation gates over the whole dev set: compacted torch ≡ ONNX fp32, int8 within budget, task metrics.
+"""Validation gates on the validation split carved from train: compacted torch ≡ ONNX fp32, int8 within budget,
+task metric within budget of the teacher; dev (the test) scored alongside and only reported.
 
 A failed gate raises `GateError`; the flow then discards the staging folder, so nothing is published.
 """
@@ -29,7 +30,7 @@ def gate_failures(
     compressed: float,
 ) -> list[str]:
     """The failed gates, each as a sentence (empty: all passed). `teacher` and `compressed` are the task metric
-    (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on dev, in points."""
+    (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on the validation split, in points."""
     failures = []
     if not parity.passed:
         failures.append(
@@ -41,7 +42,7 @@ def gate_failures(
     if teacher - compressed > gates.max_metric_drop:
         failures.append(
             f"compressed {metric} {compressed:.2f} is {teacher - compressed:.2f} points below the teacher's "
-            f"{teacher:.2f} (gates.max_metric_drop {gates.max_metric_drop})"
+            f"{teacher:.2f} on the validation split (gates.max_metric_drop {gates.max_metric_drop})"
         )
     return failures
 
@@ -49,43 +50,54 @@ def gate_failures(
 def validate(
     staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: int, teacher_max_length: int
 ) -> dict:
-    """Score teacher, compressed torch, ONNX fp32 and int8 on dev; check parity; raise on a failed gate.
+    """Score teacher, compressed torch, ONNX fp32 and int8 on validation and dev; raise on a failed gate.
 
-    Each model sees dev tokenised as it was trained: `max_length` for the compressed model, `teacher_max_length`
-    for the teacher.
+    The gates decide whether the artifact ships, so they look at the validation split carved from train; dev is
+    the test and is only reported. Each model sees the text tokenised as it was trained: `max_length` for the
+    compressed model, `teacher_max_length` for the teacher.
     """
     staging_path = Path(staging)
     data = ref.load()
-    tokenizer = load_tokenizer(staging_path / "pytorch")
-    dev = encode(tokenizer, data.dev, max_length)
-    teacher_dev = encode(load_tokenizer(teacher_dir), data.dev, teacher_max_length)
-
-    logits = {
-        "teacher": predict_logits(load_model(teacher_dir), teacher_dev),
-        "teacher_onnx_fp32": onnx_logits(staging_path / ".work" / "dense.onnx", teacher_dev),
-        "compressed_torch": predict_logits(load_model(staging_path / "pytorch"), dev),
-        "onnx_fp32": onnx_logits(staging_path / "model.onnx", dev),
-        "onnx_int8": onnx_logits(staging_path / "model.int8.onnx", dev),
-    }
-    metrics = {name: scores(v, dev.labels) for name, v in logits.items()}
-    parity = compare_logits(logits["compressed_torch"], logits["onnx_fp32"], gates.onnx_atol)
-    teacher_parity = compare_logits(logits["teacher"], logits["teacher_onnx_fp32"], gates.onnx_atol)
-    int8_drop = metrics["onnx_fp32"]["accuracy"] - metrics["onnx_int8"]["accuracy"]
+    tokenizer, teacher_tokenizer = load_tokenizer(staging_path / "pytorch"), load_tokenizer(teacher_dir)
+    teacher, compressed = load_model(teacher_dir), load_model(staging_path / "pytorch")
+    splits, logits, metrics = {}, {}, {}
+    for name, split in (("validation", data.validation), ("dev", data.dev)):
+        enc, teacher_enc = encode(tokenizer, split, max_length), encode(teacher_tokenizer, split, teacher_max_length)
+        logits[name] = {
+            "teacher": predict_logits(teacher, teacher_enc),
+            "teacher_onnx_fp32": onnx_logits(staging_path / ".work" / "dense.onnx", teacher_enc),
+            "teacher_onnx_int8": onnx_logits(staging_path / ".work" / "dense.int8.onnx", teacher_enc),
+            "compressed_torch": predict_logits(compressed, enc),
+            "onnx_fp32": onnx_logits(staging_path / "model.onnx", enc),
+            "onnx_int8": onnx_logits(staging_path / "model.int8.onnx", enc),
+        }
+        metrics[name] = {model: scores(v, enc.labels) for model, v in logits[name].items()}
+        splits[name] = len(enc)
+    val = logits["validation"]
+    parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol)
+    teacher_parity = compare_logits(val["teacher"], val["teacher_onnx_fp32"], gates.onnx_atol)
+    chosen = metrics["validation"]
+    int8_drop = chosen["onnx_fp32"]["accuracy"] - chosen["onnx_int8"]["accuracy"]
+    metric = data.task.metric
+    teacher_score, compressed_score = chosen["teacher"][metric], chosen["onnx_fp32"][metric]
     report = {
-        "dev_examples": len(dev),
+        "examples": splits,
+        "gated_on": "validation",
         "metrics": metrics,
         "onnx_parity": parity.as_dict(),
         "teacher_onnx_parity": teacher_parity.as_dict(),
         "int8_accuracy_drop": round(int8_drop, 3),
         "gates": gates.model_dump(),
+        "metric": metric,
+        "metric_drop": round(teacher_score - compressed_score, 3),
+        "dev_metric_drop": round(metrics["dev"]["teacher"][metric] - metrics["dev"]["onnx_fp32"][metric], 3),
+        "max_length": max_length,
     }
-    metric = data.task.metric
-    teacher_score, compressed_score = metrics["teacher"][metric], metrics["onnx_fp32"][metric]
-    report.update(metric=metric, metric_drop=round(teacher_score - compressed_score, 3), max_length=max_length)
     failures = gate_failures(parity, int8_drop, gates, metric, teacher_score, compressed_score)
     report["passed"] = not failures
-    for name, m in metrics.items():
-        log.info("dev %-18s %s", name, {k: round(v, 2) for k, v in m.items()})
+    for split, per_model in metrics.items():
+        for name, m in per_model.items():
+            log.info("%-10s %-18s %s", split, name, {k: round(v, 2) for k, v in m.items()})
     if failures:
         raise GateError("validation failed: " + "; ".join(failures))
     return report

@@ -1,4 +1,7 @@
-"""The deploy flow: data → teacher → compress → compact → export → validate → benchmark → package.
+"""The deploy flow: data → teacher → (plan) → compress → compact → export → validate → benchmark → package.
+
+`plan` runs for a speed target only: it measures the latency table and rewrites the method configuration to the
+planned shape, which the later stages then see as if the recipe had said it.
 
 It only sequences tasks (`flows.stage_tasks`). Every stage after `compress` writes into a hidden staging folder
 that is renamed into place when all gates have passed, and removed on any failure.
@@ -33,6 +36,10 @@ def deploy(request: DeployRequest) -> str:
     teacher = timed(
         "teacher", stage_tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
     )
+    plan = None
+    if cfg.target.speedup is not None:
+        plan = timed("plan", stage_tasks.plan_target, cfg, teacher["path"], request.cache_dir)
+        cfg = cfg.model_copy(update={"method": plan["method"], "config": plan["config"]})
     compressed = timed("compress", stage_tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
@@ -60,6 +67,8 @@ def deploy(request: DeployRequest) -> str:
         report = {
             "task": cfg.task,
             "method": cfg.method,
+            "requested_method": request.config.method,
+            "plan": plan,
             "data": data,
             "teacher": teacher,
             "compress": compressed,

@@ -8,11 +8,12 @@ deleted, and hashing models as task inputs costs seconds. So Prefect's own cache
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from export import onnx, package, speed, validate
+from export import latency_table, onnx, package, speed, validate
 from pipeline import stages
 
 describe_data = task(stages.describe_data, name="data", cache_policy=NO_CACHE)
 prepare_teacher = task(stages.prepare_teacher, name="teacher", cache_policy=NO_CACHE)
+plan_target = task(latency_table.plan_target, name="plan", cache_policy=NO_CACHE)
 compress = task(stages.compress, name="compress", cache_policy=NO_CACHE)
 compact = task(stages.compact, name="compact", cache_policy=NO_CACHE)
 export_models = task(onnx.export_stage, name="export", cache_policy=NO_CACHE)

@@ -67,6 +67,13 @@ def deploy(
     max_train: Annotated[int | None, typer.Option(help="Use at most N training examples.")] = None,
     max_dev: Annotated[int | None, typer.Option(help="Use at most N dev examples.")] = None,
     bench_runs: Annotated[int | None, typer.Option(help="Maximum timed runs per benchmark cell.")] = None,
+    target_speedup: Annotated[
+        float | None,
+        typer.Option(
+            help="Prune to the shape whose int8 graph is predicted this many times faster than the dense fp32 "
+            "teacher (batch 8 x seq 128, measured on this machine); needs a chain ending in smp or gmp."
+        ),
+    ] = None,
     cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and compressed models.")] = None,
 ) -> None:
     """Compress a model for a task and write a validated, benchmarked ONNX artifact."""
@@ -77,6 +84,7 @@ def deploy(
         ("data.max_train", max_train),
         ("data.max_dev", max_dev),
         ("bench.max_runs", bench_runs),
+        ("target.speedup", target_speedup),
     ):
         if value is not None:
             overrides.append(f"{key}={value}")
@@ -127,11 +135,20 @@ def serve(ctx: typer.Context) -> None:
 
 @app.command("methods")
 def list_methods() -> None:
-    """List the registered compression methods."""
-    from pipeline.compress.registry import methods
+    """List the registered compression methods, and how they chain."""
+    from pipeline.compress.registry import CHAIN_SEP, methods
+    from pipeline.config.recipes import RECIPES_DIR
 
     for m in methods():
         typer.echo(f"{m.name:<12} {m.summary}")
+    first = ", ".join(m.name for m in methods() if m.first_only)
+    shapers = ", ".join(m.name for m in methods() if m.shapes)
+    chains = ", ".join(sorted(p.name for p in RECIPES_DIR.iterdir() if CHAIN_SEP in p.name))
+    typer.echo(
+        f"\nchains: methods joined by '{CHAIN_SEP}' run in order, compacted in between (e.g. distill{CHAIN_SEP}smp); "
+        f"{first} only first; none only alone; --target-speedup needs a chain ending in {shapers}. "
+        f"Chains with a tuned recipe: {chains or 'none'} (others compose their methods' recipes)."
+    )
 
 
 @app.command("tasks")

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict
 
 from export.package import check_output_dir
 from pipeline.cache import default_cache_dir
-from pipeline.compress.registry import get_method, method_config
+from pipeline.compress.registry import chain_configs, method_config, parse_chain
+from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
 from pipeline.config.schema import DeployConfig, validate
 from pipeline.data.loaders import DataRef, resolve_source
@@ -40,10 +41,12 @@ def build_deploy_config(
     method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> DeployConfig:
     """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config."""
-    get_method(method)
+    parse_chain(method)
     get_task(task)
     cfg = validate(DeployConfig, load_recipe(method, task, recipe, overrides), "recipe")
-    method_config(cfg)  # fail now, not mid-flow
+    chain_configs(cfg)  # fail now, not mid-flow
+    if cfg.target.speedup is not None:
+        check_target_chain(cfg.method)
     return cfg
 
 
@@ -68,7 +71,9 @@ class DeployRequest(BaseModel):
     @property
     def data(self) -> DataRef:
         limits = self.config.data
-        return DataRef(self.config.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev)
+        return DataRef(
+            self.config.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation
+        )
 
 
 def prepare_request(
@@ -98,9 +103,13 @@ def prepare_request(
             )
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg
-    method_cfg = method_config(config)
-    method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
-    check_devices({"teacher.device": config.teacher.device, "config.train.device": method_cfg.train.device})
+    devices = {"teacher.device": config.teacher.device}
+    chain = chain_configs(config)
+    for m, method_cfg in chain:
+        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
+        section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
+        devices[f"{section}.train.device"] = method_cfg.train.device
+    check_devices(devices)
     request = DeployRequest(
         config=config,
         model=model_dir,

@@ -15,10 +15,10 @@ from pathlib import Path
 from pipeline.cache import cached_build, dir_digest, key_of
 from pipeline.compress.compaction import compact_
 from pipeline.compress.context import StageContext
-from pipeline.compress.registry import get_method, method_config
-from pipeline.config.schema import DeployConfig, TrainConfig
+from pipeline.compress.registry import Method, chain_configs
+from pipeline.config.schema import DeployConfig, MethodConfig, TrainConfig
 from pipeline.data.encoding import encode, encode_task
-from pipeline.data.loaders import DataRef, Split
+from pipeline.data.loaders import DataRef, Split, TaskData
 from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.io import load_base_model, load_model, save_model
@@ -30,14 +30,20 @@ log = logging.getLogger(__name__)
 STAGE_FILE = "stage.json"
 # Bump a stage's version when a change alters what it produces, to invalidate its cache entries.
 TEACHER_VERSION = "1"
-COMPRESS_VERSION = "3"  # 3: MLP Fusion's layer-wise tuning runs all `tune_steps` (it was capped at one epoch)
+COMPRESS_VERSION = "4"  # 4: training evaluates on the validation split carved from train (the data changed too)
 
 
 def describe_data(ref: DataRef) -> dict:
     """Load once to validate and fingerprint the data; say which source was used."""
     data = ref.load()
-    log.info("data: %s (%d train, %d dev)", data.source, len(data.train), len(data.dev))
-    return {"source": data.source, "train": len(data.train), "dev": len(data.dev), "fingerprint": data.fingerprint}
+    log.info(
+        "data: %s (%d train, %d validation carved from train, %d dev)",
+        data.source,
+        len(data.train),
+        len(data.validation),
+        len(data.dev),
+    )
+    return data.describe()
 
 
 def prepare_teacher(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig, cache_dir: str) -> dict:
@@ -64,33 +70,61 @@ def prepare_teacher(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: 
     def build(out: Path) -> None:
         tokenizer = load_tokenizer(model_dir)
         model = load_base_model(model_dir, data.task)
-        train_enc, dev_enc = encode_task(tokenizer, data, cfg.max_length)
-        result = train(model, train_enc, dev_enc, cfg, desc="teacher fine-tuning")
+        train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
+        result = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning")
         save_model(model, tokenizer, out)
         _write_stage(out, {**result.report(), "base_model": str(model_dir)})
 
     path, hit = cached_build(Path(cache_dir), "teachers", key, build)
     info = _read_stage(path)
-    log.info("teacher: %s (%s), dev %s", path, "cached" if hit else "fine-tuned now", info.get("dev"))
+    log.info("teacher: %s (%s), validation %s", path, "cached" if hit else "fine-tuned now", info.get("validation"))
     return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}
 
 
 def compress(
     config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None
 ) -> dict:
-    """Run the configured method on a copy of the teacher; the result (not yet compacted) is cached.
+    """Run the configured method, or each method of a chain, starting from a copy of the teacher.
 
-    `base_model` is the pre-trained folder, for methods that can start from it (SMP's verbalizer head).
+    Between two methods of a chain the model is compacted (exactly, or the run stops), so the next method starts
+    from the real smaller shapes. Every method's output and every intermediate compaction is cached on its own:
+    a chain that shares its first stages with an earlier run reuses them. The last output is not compacted here
+    (the `compact` stage does it into the artifact). `base_model` is the pre-trained folder, for a first method
+    that can start from it (SMP's verbalizer head). `none` returns the teacher itself.
     """
-    method = get_method(config.method)
-    method_cfg = method_config(config)
+    chain = chain_configs(config)
+    if all(m.apply_path is None for m, _ in chain):
+        return {"path": teacher_dir, "cached": False, "method": config.method, "stages": []}
     data = ref.load()
+    start, stages = teacher_dir, []
+    for i, (method, method_cfg) in enumerate(chain):
+        if i > 0:
+            start, hit = _compacted(stages[-1]["path"], ref, cache_dir, config.gates.compaction_atol, method_cfg)
+            stages[-1]["compacted"] = {"path": start, "cached": hit}
+        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base_model if i == 0 else None)
+        stages.append(out)
+    last = stages[-1]
+    return {**last, "cached": all(s["cached"] for s in stages), "method": config.method, "stages": stages}
+
+
+def _compress_one(
+    method: Method,
+    method_cfg: MethodConfig,
+    teacher_dir: str,
+    start_dir: str,
+    data: TaskData,
+    cache_dir: str,
+    base_model: str | None,
+) -> dict:
+    """One method on a copy of the model in `start_dir` (the teacher, or the previous method's compacted
+    output), with the dense teacher for distillation; cached."""
     key = key_of(
         stage="compress",
         v=COMPRESS_VERSION,
         teacher=dir_digest(Path(teacher_dir)),
+        start=dir_digest(Path(start_dir)) if start_dir != teacher_dir else None,
         data=data.fingerprint,
-        method=config.method,
+        method=method.name,
         cfg=method_cfg.model_dump(),
         base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
     )
@@ -100,37 +134,52 @@ def compress(
         teacher = load_model(teacher_dir)
         for p in teacher.parameters():
             p.requires_grad_(False)
-        train_enc, dev_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
-        ctx = StageContext(teacher, train_enc, dev_enc, task=data.task.name, base_model=base_model)
-        start = time.perf_counter()
-        student = copy.deepcopy(teacher).requires_grad_(True)  # the copy must not inherit the teacher's freeze
+        train_enc, val_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
+        ctx = StageContext(teacher, train_enc, val_enc, task=data.task.name, base_model=base_model)
+        began = time.perf_counter()
+        # a fresh copy: it must not share the teacher's tensors or inherit its freeze
+        student = (copy.deepcopy(teacher) if start_dir == teacher_dir else load_model(start_dir)).requires_grad_(True)
         model = method.apply()(student, method_cfg, ctx)
-        ctx.report["seconds"] = round(time.perf_counter() - start, 1)
+        ctx.report["seconds"] = round(time.perf_counter() - began, 1)
         save_model(model, tokenizer, out)
         _write_stage(out, ctx.report)
 
     path, hit = cached_build(Path(cache_dir), "compressed", key, build)
-    log.info("compress (%s): %s (%s)", config.method, path, "cached" if hit else "computed now")
-    return {"path": str(path), "cached": hit, "method": config.method, **_read_stage(path)}
+    log.info("compress (%s): %s (%s)", method.name, path, "cached" if hit else "computed now")
+    return {"path": str(path), "cached": hit, "method": method.name, **_read_stage(path)}
+
+
+def _compacted(
+    compressed_dir: str, ref: DataRef, cache_dir: str, atol: float, next_cfg: MethodConfig
+) -> tuple[str, bool]:
+    """The compacted copy of a chain's intermediate output (the next method's starting point), cached."""
+    max_length = next_cfg.train.max_length
+    key = key_of(stage="compacted", src=dir_digest(Path(compressed_dir)), atol=atol, max_length=max_length)
+
+    def build(out: Path) -> None:
+        _write_stage(out, compact(compressed_dir, ref, str(out), atol, max_length))
+
+    path, hit = cached_build(Path(cache_dir), "compacted", key, build)
+    return str(path), hit
 
 
 def compact(
     compressed_dir: str, ref: DataRef, out_dir: str, atol: float, max_length: int, max_examples: int = 256
 ) -> dict:
-    """Compact the compressed model into `out_dir` and prove it exact on dev inputs (GateError otherwise)."""
+    """Compact the compressed model into `out_dir` and prove it exact on validation inputs (GateError otherwise)."""
     tokenizer = load_tokenizer(compressed_dir)
     model = load_model(compressed_dir)
-    split = ref.load().dev
-    dev = encode(tokenizer, Split(split.texts[:max_examples], split.labels[:max_examples]), max_length)
-    before = predict_logits(model, dev)
+    split = ref.load().validation
+    inputs = encode(tokenizer, Split(split.texts[:max_examples], split.labels[:max_examples]), max_length)
+    before = predict_logits(model, inputs)
     report = compact_(model)
-    after = predict_logits(model, dev)
+    after = predict_logits(model, inputs)
     diff = float(abs(before - after).max())
-    report.update(max_abs_diff=diff, atol=atol, examples=len(dev), max_length=max_length)
+    report.update(max_abs_diff=diff, atol=atol, examples=len(inputs), max_length=max_length)
     if not diff <= atol:
         raise GateError(f"compaction changed logits by {diff:.2e} (> {atol:.0e})")
     save_model(model, tokenizer, out_dir)
-    reloaded = predict_logits(load_model(out_dir), dev)
+    reloaded = predict_logits(load_model(out_dir), inputs)
     if float(abs(reloaded - after).max()) != 0.0:
         raise GateError(f"compacted model does not reload exactly from {out_dir}")
     report["params"] = sum(p.numel() for p in model.parameters())

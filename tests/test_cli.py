@@ -31,7 +31,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--method", "nope", "--task", "sst2"], "known methods: distill, gmp, mlp_fusion, smp"),
+        (["--method", "nope", "--task", "sst2"], "known methods: distill, gmp, mlp_fusion, none, smp"),
         (["--method", "mlp_fusion", "--task", "cola"], "known tasks:"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=0"], "ratio"),
         (["--method", "mlp_fusion", "--task", "sst2", "--set", "config.ratio=1.01"], "ratio"),
@@ -322,7 +322,7 @@ def test_live_gates(base_dirs, tmp_path):
     assert second.returncode == 1 and len(lines) == 1, second.stderr[-3000:]
     assert re.fullmatch(
         r"error: validation failed: compressed accuracy \d+\.\d\d is \d+\.\d\d points below the teacher's "
-        r"\d+\.\d\d \(gates\.max_metric_drop 3\.0\)",
+        r"\d+\.\d\d on the validation split \(gates\.max_metric_drop 3\.0\)",
         lines[0],
     ), lines[0]
     assert re.search(r"dense teacher ONNX: .* \(cached\)", second.stderr)  # exported once per teacher

@@ -32,7 +32,8 @@ def test_pair_task_from_tsv(tmp_path):
             tmp_path / name, ["index", "sentence1", "sentence2", "label"], [(str(i), *r) for i, r in enumerate(rows)]
         )
     data = load_task_data("rte", tmp_path)
-    assert data.train.texts[0] == ("a man plays", "someone plays") and data.train.labels == [0, 1]
+    assert data.dev.texts[0] == ("a man plays", "someone plays") and data.dev.labels == [0, 1]
+    assert len(data.train) == len(data.validation) == 1  # two training pairs: one is carved off for validation
     assert data.task.is_pair and "GLUE TSV folder" in data.source
 
 
@@ -83,14 +84,15 @@ def test_every_task_resolves_and_unknown_lists_known():
 
 def test_registry_covers_every_method_with_a_default_recipe():
     names = [m.name for m in methods()]
-    assert names == ["distill", "gmp", "mlp_fusion", "smp"]
+    assert names == ["distill", "gmp", "mlp_fusion", "none", "smp"]
     for name in names:
         assert default_recipe_path(name, "sst2") is not None
-        assert callable(get_method(name).apply())
+        assert get_method(name).apply_path is None or callable(get_method(name).apply())
         build_deploy_config(name, "sst2")  # every packaged recipe validates
-        for recipe in (RECIPES_DIR / name).glob("*.yaml"):
-            build_deploy_config(name, "sst2", recipe.stem)  # by name, as `--recipe paper`
-    with pytest.raises(PipelineError, match="known methods: distill, gmp, mlp_fusion, smp"):
+    for folder in RECIPES_DIR.iterdir():  # methods and packaged chains
+        for recipe in folder.glob("*.yaml") if folder.name != "teacher" else ():
+            build_deploy_config(folder.name, "sst2", recipe.stem)  # by name, as `--recipe paper`
+    with pytest.raises(PipelineError, match="known methods: distill, gmp, mlp_fusion, none, smp"):
         get_method("smp2")
 
 
@@ -159,3 +161,25 @@ def test_a_training_phase_is_not_capped_by_epochs():
     phase = cfg.phase(60, 1e-4, warmup_ratio=0.1)
     assert num_steps(phase, 1000) == 60 and phase.lr == 1e-4 and phase.warmup_ratio == 0.1 and phase.kd_alpha == 0.5
     assert num_steps(cfg, 1000) == 94  # the task phase keeps its epoch cap
+
+
+def test_the_validation_split_is_carved_from_train_disjoint_and_fixed_by_seed():
+    full = load_task_data("sst2", source="sample", validation=(10_000, 0.5, 0))  # the raw train file, halved
+    a = load_task_data("sst2", source="sample")
+    b = load_task_data("sst2", source="sample", max_train=50)
+    c = load_task_data("sst2", source="sample", validation=(2000, 0.1, 1))
+    raw = set(full.train.texts) | set(full.validation.texts)
+    assert len(a.validation) == 100 and len(a.train) + len(a.validation) == len(raw)  # 10% of 1,000
+    assert not set(a.validation.texts) & set(a.train.texts)  # disjoint
+    assert set(a.validation.texts) <= raw and not set(a.validation.texts) & set(a.dev.texts)
+    assert a.validation == b.validation  # max_train never changes it
+    assert set(b.train.texts) <= set(a.train.texts)
+    assert c.validation != a.validation  # another seed, another slice
+    assert a.describe()["validation_split"] == {**a.describe()["validation_split"], "seed": 0, "examples": 100}
+
+
+def test_a_training_set_too_small_to_carve_is_one_line(tmp_path):
+    _write(tmp_path / "train.tsv", ["sentence", "label"], [("good", "1")])
+    _write(tmp_path / "dev.tsv", ["sentence", "label"], [("bad", "0")])
+    with pytest.raises(PipelineError, match="too few to carve a validation split"):
+        load_task_data("sst2", tmp_path)

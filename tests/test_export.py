@@ -77,7 +77,10 @@ def test_gate_failures():
     assert len(gate_failures(bad, 3.0, gates, *on_par)) == 2
     assert gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=87.0) == []  # exactly the budget
     (line,) = gate_failures(good, 0.0, gates, "f1", teacher=90.0, compressed=86.5)
-    assert line == "compressed f1 86.50 is 3.50 points below the teacher's 90.00 (gates.max_metric_drop 3.0)"
+    assert line == (
+        "compressed f1 86.50 is 3.50 points below the teacher's 90.00 on the validation split "
+        "(gates.max_metric_drop 3.0)"
+    )
     assert len(gate_failures(bad, 3.0, gates, "accuracy", 90.0, 80.0)) == 3
 
 

@@ -14,7 +14,7 @@ def test_training_loop_runs_on_cuda_and_returns_to_cpu():
     model, tokenizer = tiny_model("bert"), tiny_tokenizer("bert")
     train_enc, dev_enc = encode_task(tokenizer, load_task_data("sst2", source="sample", max_train=64, max_dev=32), 64)
     result = train(model, train_enc, dev_enc, TrainConfig(max_steps=4, batch_size=16, device="cuda"))
-    assert result.steps == 4 and "accuracy" in result.dev
+    assert result.steps == 4 and "accuracy" in result.validation
     assert next(model.parameters()).device.type == "cpu"
 
 

@@ -39,7 +39,7 @@ def _context(kind="bert", teacher=None):
     teacher = teacher or tiny_model(kind, layers=2)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    return StageContext(teacher=teacher, train=train_enc, dev=dev_enc, task="sst2")
+    return StageContext(teacher=teacher, train=train_enc, validation=dev_enc, task="sst2")
 
 
 def _weights(model):

@@ -43,4 +43,4 @@ def test_layerwise_tuning_runs_all_its_steps_on_a_small_training_set(classifier_
     )
     out = compress(cfg, str(classifier_dirs["bert"]), DataRef("sst2", "sample", None, 64, 16), str(tmp_path / "cache"))
     assert out["tuning"]["steps"] == 12 and len(out["tuning"]["history"]) == 12
-    assert out["training"]["steps"] == 1 and {"seconds", "final_loss", "dev"} <= set(out["training"])
+    assert out["training"]["steps"] == 1 and {"seconds", "final_loss", "validation"} <= set(out["training"])

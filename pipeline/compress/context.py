@@ -12,7 +12,8 @@ from pipeline.data.encoding import Encoded
 
 @dataclass
 class StageContext:
-    """The frozen dense teacher, the tokenised task data, and a report the method fills with its figures.
+    """The frozen dense teacher, the tokenised train and validation splits (dev, the test, is never given to a
+    method), and a report the method fills with its figures.
 
     `base_model` (the pre-trained folder the teacher came from, when known) and `task` let a method start
     from somewhere else than the teacher, e.g. SMP's verbalizer head on the pre-trained weights.
@@ -20,7 +21,7 @@ class StageContext:
 
     teacher: nn.Module
     train: Encoded
-    dev: Encoded
+    validation: Encoded
     task: str = ""
     base_model: str | None = None
     report: dict[str, Any] = field(default_factory=dict)

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.compress.selection import kept_count, ste_topk, topk_mask
-from pipeline.config.schema import Allocation, AttentionGranularity, FfnGranularity, MaskConfig
+from pipeline.compress.selection import cubic, kept_count, ste_topk, topk_mask
+from pipeline.config.schema import Allocation, AttentionGranularity, FfnGranularity, MaskConfig, UnitCounts
 from pipeline.errors import PipelineError
 from pipeline.models.layers import encoder_layers, new_linear
 
@@ -241,6 +241,20 @@ class Masker:
                 shares = keep * len(members) * r / r.sum()
                 for g, share in zip(members, shares.tolist(), strict=True):
                     g.keep = min(1.0, share)
+
+    def allocate_ramp(self, progress: float, final_keep: float, cfg: MaskConfig) -> None:
+        """The budget at `progress` (0..1) of the cubic ramp from everything kept to the final budget: `final_keep`
+        split by `cfg.allocation`, or with `cfg.shape` each layer's own head and neuron counts (local top-k)."""
+        if cfg.shape is None:
+            self.allocate(cubic(progress, 1.0, final_keep), cfg.allocation, cfg.soft_temperature)
+        else:
+            self.allocate_shape(1.0 - cubic(progress, 1.0, 0.0), cfg.shape)
+
+    def allocate_shape(self, done: float, shape: UnitCounts) -> None:
+        """Each layer's heads and neurons `done` (0..1) of the way from all kept to the shape's counts."""
+        for g in self.groups:
+            count = shape.heads if g.kind == "head" else shape.ffn
+            g.keep = 1.0 - done * (1.0 - min(1.0, count / g.units))
 
     def by_kind(self) -> dict[str, list[MaskGroup]]:
         kinds: dict[str, list[MaskGroup]] = {}

@@ -1,5 +1,8 @@
 """One registry of compression methods: each name maps to its config class and its `apply` function.
 
+Methods chain: `distill+smp` runs distill, compacts its student, then runs smp on the compacted student (see
+`parse_chain` for what may follow what). A chain's recipe holds one config section per method, keyed by name.
+
 The table at the bottom is the whole list: nothing registers itself as a side effect of an import. A new method
 is a folder under `pipeline/compress/methods/` with a `config.py` (a `MethodConfig` subclass whose `name` is the
 CLI value) and a `stage.py` (`apply(model, cfg, ctx) -> model`), plus one line here and a recipe in
@@ -18,6 +21,7 @@ from typing import Any
 from pipeline.compress.methods.distill.config import DistillConfig
 from pipeline.compress.methods.gmp.config import GmpConfig
 from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.config.schema import DeployConfig, MethodConfig, validate
 from pipeline.errors import PipelineError
@@ -29,32 +33,38 @@ class Method:
 
     name: str
     config_cls: type[MethodConfig]
-    apply_path: str  # "package.module:function"
+    apply_path: str | None  # "package.module:function"; None: the model passes through unchanged
     summary: str
+    first_only: bool = False  # builds a new model from the dense teacher, so nothing can come before it
+    shapes: bool = False  # prunes whole heads and FFN neurons to a planned per-layer shape (`--target-speedup`)
 
     def apply(self) -> Callable[..., Any]:
-        module, _, func = self.apply_path.partition(":")
+        module, _, func = (self.apply_path or "").partition(":")
         return getattr(importlib.import_module(module), func)
 
 
-def method(config_cls: type[MethodConfig], apply_path: str) -> Method:
+def method(config_cls: type[MethodConfig], apply_path: str | None, **flags: bool) -> Method:
     """A method named `config_cls.name` (a lowercase identifier), summarised by its docstring's first line."""
     name = config_cls.name
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise ValueError(f"method name {name!r} must be a lowercase identifier")
     summary = (config_cls.__doc__ or "").strip().splitlines()[0] if config_cls.__doc__ else ""
-    return Method(name, config_cls, apply_path, summary)
+    return Method(name, config_cls, apply_path, summary, **flags)
 
 
 _METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        method(DistillConfig, "pipeline.compress.methods.distill.stage:apply"),
-        method(GmpConfig, "pipeline.compress.methods.gmp.stage:apply"),
+        method(DistillConfig, "pipeline.compress.methods.distill.stage:apply", first_only=True),
+        method(GmpConfig, "pipeline.compress.methods.gmp.stage:apply", shapes=True),
         method(MlpFusionConfig, "pipeline.compress.methods.mlp_fusion.stage:apply"),
-        method(SmpConfig, "pipeline.compress.methods.smp.stage:apply"),
+        method(NoneConfig, None),
+        method(SmpConfig, "pipeline.compress.methods.smp.stage:apply", shapes=True),
     )
 }
+
+
+CHAIN_SEP = "+"
 
 
 def get_method(name: str) -> Method:
@@ -69,7 +79,51 @@ def methods() -> list[Method]:
     return [_METHODS[n] for n in sorted(_METHODS)]
 
 
+def parse_chain(name: str) -> list[Method]:
+    """The methods of `name` ("smp", or a chain such as "distill+smp"), checked to be a chain that can run.
+
+    Rules: no empty link, no method twice (a chain's config is keyed by method name), `none` only alone, and a
+    method that builds its model from the dense teacher (distill) only first.
+    """
+    parts = name.split(CHAIN_SEP)
+    if any(not p.strip() for p in parts):
+        raise PipelineError(f"method chain {name!r} has an empty link; write e.g. distill{CHAIN_SEP}smp")
+    chain = [get_method(p.strip()) for p in parts]
+    if len(chain) == 1:
+        return chain
+    names = [m.name for m in chain]
+    for i, m in enumerate(chain):
+        if names.count(m.name) > 1:
+            raise PipelineError(f"method chain {name!r} names {m.name} twice")
+        if m.apply_path is None:
+            raise PipelineError(f"method chain {name!r}: {m.name} cannot be chained (it compresses nothing)")
+        if i > 0 and m.first_only:
+            raise PipelineError(
+                f"method chain {name!r}: {m.name} cannot follow {chain[i - 1].name}: it builds its student from "
+                "the dense teacher, so it must come first"
+            )
+    return chain
+
+
+def chain_configs(config: DeployConfig) -> list[tuple[Method, MethodConfig]]:
+    """Each method of the configured chain with its config section validated by that method's class.
+
+    A single method's section is `config`; a chain's is `config.<method>` for each method.
+    """
+    chain = parse_chain(config.method)
+    if len(chain) == 1:
+        m = chain[0]
+        return [(m, validate(m.config_cls, config.config, f"{m.name} config"))]
+    unknown = sorted(set(config.config) - {m.name for m in chain})
+    if unknown:
+        raise PipelineError(
+            f"invalid {config.method} config: unknown section(s) {', '.join(unknown)}; a chain's config has one "
+            f"section per method ({', '.join(m.name for m in chain)})"
+        )
+    return [(m, validate(m.config_cls, config.config.get(m.name) or {}, f"{m.name} config")) for m in chain]
+
+
 def method_config(config: DeployConfig) -> MethodConfig:
-    """The deploy configuration's method section, validated by that method's config class."""
-    cls = get_method(config.method).config_cls
-    return validate(cls, config.config, f"{config.method} config")
+    """The config of the method that produces the artifact's model: the chain's last (its `train.max_length`
+    is what compaction and validation tokenise at)."""
+    return chain_configs(config)[-1][1]

@@ -6,7 +6,10 @@ settings are part of its cache key, so every packaged CPU recipe names the one s
 changes the teacher of every method at once, and methods keep sharing one cached teacher.
 
 Recipe lookup for `--method M --task T`: `recipes/M/T.yaml`, else `recipes/M/default.yaml` (the method's
-defaults for any task). `--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path.
+defaults for any task). `--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A chain
+(`--method distill+smp`) has its own folder when it ships a tuned recipe; otherwise its recipe is composed from
+its methods' recipes: each method's `config` under its name, the rest (teacher, data, bench, gates) from the
+chain's last method, which produces the artifact.
 """
 
 from __future__ import annotations
@@ -86,13 +89,31 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise PipelineError(f"override {assignment!r}: value is not valid YAML") from None
 
 
+CHAIN_SEP = "+"
+
+
+def composed_chain_recipe(method: str, task: str) -> dict[str, Any]:
+    """A chain's recipe from its methods' own (packaged) recipes, for a chain that ships none."""
+    data: dict[str, Any] = {"method": method, "config": {}}
+    for name in method.split(CHAIN_SEP):
+        path = default_recipe_path(name, task)
+        part = read_yaml_mapping(path) if path else {}
+        data["config"][name] = part.pop("config", {})
+        part.pop("method", None)
+        data.update(part)  # the last method's teacher, data, bench and gates win
+    return data
+
+
 def load_recipe(
     method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """The recipe (given, else the packaged default for method/task) with its teacher resolved and the overrides
     applied, as a plain mapping for `DeployConfig`."""
     path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, task)
-    data = read_yaml_mapping(path) if path else {}
+    if path is None and CHAIN_SEP in method:
+        data = composed_chain_recipe(method, task)
+    else:
+        data = read_yaml_mapping(path) if path else {}
     if data.setdefault("method", method) != method:
         raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
     data["task"] = task

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.errors import PipelineError
 
@@ -34,7 +34,7 @@ class TrainConfig(FrozenModel):
         warmup_ratio: fraction of each learning-rate cycle spent in linear warm-up before linear decay to 0.
         cycles: the warm-up + decay schedule repeated back to back this many times (GMP*'s re-warming).
         max_length: tokens per example after truncation (batches are padded to their longest example).
-        eval_every: evaluate on dev every N steps (0: only at the end).
+        eval_every: evaluate on the validation split every N steps (0: only at the end).
         kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
         kd_temperature: softmax temperature of the distillation term.
         layer_kd: weight of the hidden-state MSE of every layer to the teacher's same layer, added to the loss
@@ -80,6 +80,13 @@ AttentionGranularity = Literal["unstructured", "block", "head", "none"]
 Allocation = Literal["local", "type", "global", "soft"]
 
 
+class UnitCounts(FrozenModel):
+    """Heads and FFN neurons kept in every layer (a shape planned for a speed target)."""
+
+    heads: int = Field(ge=0)
+    ffn: int = Field(ge=0)
+
+
 class MaskConfig(FrozenModel):
     """What a pruning method masks and how the kept budget is shared (see `pipeline.compress.masking`).
 
@@ -90,6 +97,8 @@ class MaskConfig(FrozenModel):
         allocation: top-k per score tensor (`local`: per matrix, or per layer for neurons/heads), per kind
             pooled over layers (`type`), over everything (`global`), or SMP-S's soft per-layer split (`soft`).
         soft_temperature: SMP-S's p in σ(S/p) (the authors' code; 1 = the paper).
+        shape: heads and FFN neurons kept in each layer, the most important by the method's scores (replaces
+            `sparsity` and `allocation`; set by `--target-speedup`). Needs `head` and `neuron` granularity.
     """
 
     ffn: FfnGranularity = "neuron"
@@ -97,6 +106,13 @@ class MaskConfig(FrozenModel):
     block: tuple[int, int] = (32, 32)
     allocation: Allocation = "local"
     soft_temperature: float = Field(1.0, gt=0)
+    shape: UnitCounts | None = None
+
+    @model_validator(mode="after")
+    def _shape_needs_units(self) -> MaskConfig:
+        if self.shape is not None and (self.ffn, self.attention) != ("neuron", "head"):
+            raise ValueError("mask.shape needs ffn: neuron and attention: head granularity")
+        return self
 
     @property
     def structured(self) -> bool:
@@ -119,10 +135,25 @@ class MaskConfig(FrozenModel):
 
 
 class DataLimits(FrozenModel):
-    """Caps on examples (a seeded random subset of train; the first N of dev)."""
+    """The validation split carved from train, and caps on examples.
 
+    Attributes:
+        validation_size, validation_fraction: the validation split is min(size, fraction x train) examples of
+            the source's train file, drawn with `validation_seed` before `max_train` applies. Every choice a run
+            makes (gates, checkpoints, recipe tuning) uses it; dev is only reported.
+        max_train: a seeded random subset of the rest of train.
+        max_dev: the first N of dev.
+    """
+
+    validation_size: int = Field(2000, ge=1)
+    validation_fraction: float = Field(0.1, gt=0, lt=1)
+    validation_seed: int = 0
     max_train: int | None = Field(None, ge=1)
     max_dev: int | None = Field(None, ge=1)
+
+    @property
+    def validation(self) -> tuple[int, float, int]:
+        return (self.validation_size, self.validation_fraction, self.validation_seed)
 
 
 class BenchSettings(FrozenModel):
@@ -159,6 +190,24 @@ class Gates(FrozenModel):
     )
 
 
+class TargetConfig(FrozenModel):
+    """A speed target (`--target-speedup X`): the artifact's int8 graph X times faster than the dense fp32 teacher.
+
+    Attributes:
+        speedup: the target ratio (None: no target; the recipe's own sparsity applies).
+        batch, seq: the input shape the target is stated at (the benchmark's headline).
+        layers: depths the search may choose when the chain starts with distill (None: 1 to the teacher's).
+        heads_grid, ffn_grid: fractions of the teacher's heads and FFN width the latency table measures.
+    """
+
+    speedup: float | None = Field(None, gt=1)
+    batch: int = Field(8, ge=1)
+    seq: int = Field(128, ge=8)
+    layers: tuple[int, ...] | None = None
+    heads_grid: tuple[float, ...] = (1 / 12, 1 / 6, 1 / 3, 1 / 2, 2 / 3, 1.0)
+    ffn_grid: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
+
+
 class DeployConfig(FrozenModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
@@ -173,6 +222,7 @@ class DeployConfig(FrozenModel):
     data: DataLimits = DataLimits()
     bench: BenchSettings = BenchSettings()
     gates: Gates = Gates()
+    target: TargetConfig = TargetConfig()
 
 
 def validate(cls: type[BaseModel], data: Any, what: str) -> Any:

@@ -31,7 +31,8 @@ def encode(tokenizer, split: Split, max_length: int) -> Encoded:
 
 
 def encode_task(tokenizer, data: TaskData, max_length: int) -> tuple[Encoded, Encoded]:
-    return encode(tokenizer, data.train, max_length), encode(tokenizer, data.dev, max_length)
+    """(train, validation): what training sees. Dev is the test; only validation reports it."""
+    return encode(tokenizer, data.train, max_length), encode(tokenizer, data.validation, max_length)
 
 
 def collate(enc: Encoded, idx: list[int]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,9 @@
-"""Load a task's train and dev sets from a GLUE TSV folder, a Hugging Face dataset, or the shipped sample.
+"""Load a task's train and dev sets from a GLUE TSV folder, a Hugging Face dataset, or the shipped sample,
+and carve a fixed validation split out of train.
+
+Every choice a run makes (recipes, checkpoints, gates) looks at the validation split; dev is the reported test and
+is never used to choose. The validation split is a seeded random slice of the source's train file taken before any
+`max_train` cap, so it is the same examples whatever the training budget.
 
 The user names the source: `--data-dir DIR` (GLUE TSV) or `--hub` (the Hugging Face dataset, online or from the
 local datasets cache). A named source that fails is an error naming it. With no source named, the project's own
@@ -10,6 +15,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import logging
+import math
 import os
 import random
 import socket
@@ -37,22 +43,66 @@ class Split:
         return len(self.labels)
 
 
+def _split_digest(h, split: Split) -> None:
+    for text, label in zip(split.texts, split.labels, strict=True):
+        h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
+    h.update(b"\x1d")
+
+
 @dataclass(frozen=True)
 class TaskData:
+    """train (minus the validation slice), validation (carved from train, for choosing) and dev (the test)."""
+
     task: TaskSpec
     train: Split
+    validation: Split
     dev: Split
     source: str  # human-readable: where the examples came from
+    validation_seed: int = 0
 
     @property
     def fingerprint(self) -> str:
         """sha256 over every example: the cache key of anything trained on this data."""
         h = hashlib.sha256(self.task.name.encode())
-        for split in (self.train, self.dev):
-            for text, label in zip(split.texts, split.labels, strict=True):
-                h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
-            h.update(b"\x1d")
+        for split in (self.train, self.validation, self.dev):
+            _split_digest(h, split)
         return h.hexdigest()
+
+    def describe(self) -> dict:
+        """What the report records of the data: source, sizes, and which validation slice was carved."""
+        h = hashlib.sha256()
+        _split_digest(h, self.validation)
+        return {
+            "source": self.source,
+            "train": len(self.train),
+            "validation": len(self.validation),
+            "dev": len(self.dev),
+            "validation_split": {
+                "carved_from": "train",
+                "seed": self.validation_seed,
+                "examples": len(self.validation),
+                "sha256": h.hexdigest(),
+            },
+            "fingerprint": self.fingerprint,
+        }
+
+
+def carve_validation(train: Split, size: int, fraction: float, seed: int) -> tuple[Split, Split]:
+    """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`.
+
+    At least one example stays on each side; the two parts are disjoint by construction.
+    """
+    if len(train) < 2:
+        raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
+    n = min(size, math.floor(fraction * len(train)), len(train) - 1)
+    n = max(1, n)
+    chosen = set(random.Random(seed).sample(range(len(train)), n))
+    keep = [i for i in range(len(train)) if i not in chosen]
+    picked = sorted(chosen)
+    return (
+        Split([train.texts[i] for i in keep], [train.labels[i] for i in keep]),
+        Split([train.texts[i] for i in picked], [train.labels[i] for i in picked]),
+    )
 
 
 def load_task_data(
@@ -61,8 +111,10 @@ def load_task_data(
     max_train: int | None = None,
     max_dev: int | None = None,
     source: str | None = None,
+    validation: tuple[int, float, int] = (2000, 0.1, 0),
 ) -> TaskData:
-    """Load train/dev for `task`; `source` ("tsv", "hub", "sample") skips the resolution (see module doc)."""
+    """Load train/validation/dev for `task`; `source` ("tsv", "hub", "sample") skips the resolution (see module
+    doc); `validation` is (most examples, most fraction of train, seed) of the carved validation split."""
     spec = get_task(task)
     source = source or resolve_source(spec, data_dir)
     if source == "tsv":
@@ -77,8 +129,10 @@ def load_task_data(
             f"embedded sample (pipeline/data/samples/{spec.name}, shipped with the project; "
             "pass --data-dir for real data)"
         )
+    size, fraction, seed = validation
+    train, val = carve_validation(train, size, fraction, seed)
     train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
-    return TaskData(spec, train, dev, label)
+    return TaskData(spec, train, val, dev, label, seed)
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:
@@ -212,6 +266,7 @@ class DataRef:
     data_dir: str | None = None
     max_train: int | None = None
     max_dev: int | None = None
+    validation: tuple[int, float, int] = (2000, 0.1, 0)  # (most examples, most fraction of train, seed)
 
     def load(self) -> TaskData:
-        return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source)
+        return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)

@@ -1,4 +1,5 @@
-"""The one training loop every method reuses: AdamW, linear warm-up and decay, optional KD, dev evaluation.
+"""The one training loop every method reuses: AdamW, linear warm-up and decay, optional KD, evaluation on the
+validation split carved from train (never on dev, which is the reported test).
 
 Methods customise it through `loss_fn` (e.g. MLP Fusion's layer-wise MSE) and `params` (which parameters
 move), not by copying it; a sub-phase (distill's transfer, SMP's recovery) is `cfg.phase(...)` of its budget.
@@ -29,17 +30,17 @@ log = logging.getLogger(__name__)
 class TrainResult:
     steps: int
     seconds: float
-    history: list[dict] = field(default_factory=list)  # {"step", "loss", and dev scores when evaluated}
-    dev: dict[str, float] = field(default_factory=dict)
+    history: list[dict] = field(default_factory=list)  # {"step", "loss", and validation scores when evaluated}
+    validation: dict[str, float] = field(default_factory=dict)
 
     def report(self) -> dict:
-        """What a stage records of one training phase: budget, time, final loss, dev scores, the history."""
+        """What a stage records of one training phase: budget, time, final loss, validation scores, the history."""
         final = self.history[-1]["loss"] if self.history else None
         return {
             "steps": self.steps,
             "seconds": round(self.seconds, 1),
             "final_loss": final,
-            "dev": self.dev,
+            "validation": self.validation,
             "history": self.history,
         }
 
@@ -81,7 +82,7 @@ def _param_groups(params: Iterable[tuple[str, nn.Parameter]], weight_decay: floa
 def train(
     model: nn.Module,
     train_enc: Encoded,
-    dev_enc: Encoded | None,
+    val_enc: Encoded | None,
     cfg: TrainConfig,
     *,
     teacher: nn.Module | None = None,
@@ -94,7 +95,7 @@ def train(
 
     Args:
         model: the model to train; it is returned to the CPU in eval mode.
-        train_enc, dev_enc: tokenised splits (dev may be None to skip evaluation).
+        train_enc, val_enc: tokenised train and validation splits (validation may be None to skip evaluation).
         cfg: budget, optimiser and KD settings.
         teacher: frozen model for KD (and for custom losses that close over it).
         loss_fn: replaces the default classification(+KD) loss.
@@ -134,10 +135,10 @@ def train(
             step += 1
             running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
             entry = {"step": step, "loss": round(running, 5)}
-            if dev_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
-                entry.update(scores(predict_logits(model, dev_enc), dev_enc.labels))
+            if val_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+                entry.update(scores(predict_logits(model, val_enc), val_enc.labels))
                 model.train()
-                log.info("%s: step %d/%d, dev accuracy %.2f", desc, step, steps, entry["accuracy"])
+                log.info("%s: step %d/%d, validation accuracy %.2f", desc, step, steps, entry["accuracy"])
             result.history.append(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{running:.4f}")
@@ -146,11 +147,11 @@ def train(
             if step >= steps:
                 break
     bar.close()
-    if dev_enc is not None:
-        result.dev = scores(predict_logits(model, dev_enc), dev_enc.labels)
-        result.history[-1].update(result.dev)
+    if val_enc is not None:
+        result.validation = scores(predict_logits(model, val_enc), val_enc.labels)
+        result.history[-1].update(result.validation)
     result.seconds = time.perf_counter() - start
-    log.info("%s: %d steps in %.1fs, dev %s", desc, steps, result.seconds, result.dev)
+    log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
     return _finish(model, teacher, result)
 
 

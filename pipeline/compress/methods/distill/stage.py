@@ -95,7 +95,14 @@ def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
     else:
         loss = distill_loss(cfg, teacher, projections, task=True)
     result = train(
-        student, ctx.train, ctx.dev, cfg.train, teacher=teacher, params=params, loss_fn=loss, desc="distill: task"
+        student,
+        ctx.train,
+        ctx.validation,
+        cfg.train,
+        teacher=teacher,
+        params=params,
+        loss_fn=loss,
+        desc="distill: task",
     )
     phases["task"] = result.report()
     ctx.report["training"] = phases

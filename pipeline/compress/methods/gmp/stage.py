@@ -36,15 +36,18 @@ def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
     masker = Masker.from_config(model, cfg.mask)
     steps = num_steps(cfg.train, len(ctx.train))
     schedule = prune_schedule(cfg, steps)
-    alloc = cfg.mask.allocation
+    alloc = cfg.mask.allocation if cfg.mask.shape is None else "local"  # a shape is per layer
 
     def before_step(step: int) -> None:
         if step in schedule:
-            masker.allocate(1.0 - schedule[step], alloc)
+            if cfg.mask.shape is None:
+                masker.allocate(1.0 - schedule[step], alloc)
+            else:  # each layer's planned head and neuron counts, reached along the same schedule
+                masker.allocate_shape(schedule[step] / cfg.sparsity if cfg.sparsity else 1.0, cfg.mask.shape)
             masker.refresh(alloc, scores={g.name: g.magnitude() for g in masker.groups})
 
     result = train(
-        model, ctx.train, ctx.dev, cfg.train, teacher=ctx.teacher, before_step=before_step, desc="gmp pruning"
+        model, ctx.train, ctx.validation, cfg.train, teacher=ctx.teacher, before_step=before_step, desc="gmp pruning"
     )
     masker.to_("cpu")  # masks were computed next to the weights, which train() has moved back
     ctx.report["schedule"] = {"steps": steps, "updates": {str(k): round(v, 4) for k, v in schedule.items()}}

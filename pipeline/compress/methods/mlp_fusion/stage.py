@@ -103,8 +103,12 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
     """Fuse `model` (a copy of the fine-tuned teacher) in place, tune, train, and return it."""
     report = ctx.report
     report["fusion"] = fuse_(model, cfg)
-    report["dev_after_fusion"] = scores(predict_logits(model, ctx.dev), ctx.dev.labels)
-    log.info("fused layers %s: dev right after fusion %s", report["fusion"]["layers"], report["dev_after_fusion"])
+    report["validation_after_fusion"] = scores(predict_logits(model, ctx.validation), ctx.validation.labels)
+    log.info(
+        "fused layers %s: validation right after fusion %s",
+        report["fusion"]["layers"],
+        report["validation_after_fusion"],
+    )
     if cfg.tune_steps:
         fused = set(report["fusion"]["layers"])
         params = [
@@ -124,6 +128,6 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
             desc="layer-wise tuning",
         )
         report["tuning"] = tuned.report()
-    result = train(model, ctx.train, ctx.dev, cfg.train, teacher=ctx.teacher, desc="task training")
+    result = train(model, ctx.train, ctx.validation, cfg.train, teacher=ctx.teacher, desc="task training")
     report["training"] = result.report()
     return model

@@ -13,6 +13,7 @@ from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.compress.methods.smp.heads import resolve_head
 from pipeline.compress.methods.smp.verbalizer import build_verbalizer_classifier
 from pipeline.compress.selection import cubic
+from pipeline.config.schema import UnitCounts
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir
 from pipeline.train.loop import num_steps, resolve_device, train
@@ -27,6 +28,12 @@ def prune_steps(cfg: SmpConfig, steps: int) -> int:
     if n > steps:
         raise PipelineError(f"smp prune_steps {n} is longer than the {steps} training steps this data gives")
     return n
+
+
+def shape_keep(masker: Masker, shape: UnitCounts) -> float:
+    """The kept fraction of all masked units under a per-layer shape (what the regulariser's ramp aims at)."""
+    kept = sum(min(g.units, shape.heads if g.kind == "head" else shape.ffn) for g in masker.groups)
+    return kept / sum(g.units for g in masker.groups)
 
 
 def starting_model(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> tuple[nn.Module, str]:
@@ -46,14 +53,15 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     masker = Masker.from_config(model, cfg.mask)
     steps = num_steps(cfg.train, len(ctx.train))
     n = prune_steps(cfg, steps)
-    final_keep, alloc = 1.0 - cfg.sparsity, cfg.mask.allocation
+    final_keep = 1.0 - cfg.sparsity if cfg.mask.shape is None else shape_keep(masker, cfg.mask.shape)
+    alloc = cfg.mask.allocation if cfg.mask.shape is None else "local"  # a shape is per layer
     masker.to_(resolve_device(cfg.train.device))
     state = {"lambda": 0.0}
 
     def before_step(step: int) -> None:
+        masker.allocate_ramp(step / n, final_keep, cfg.mask)
         keep = cubic(step / n, 1.0, final_keep)
-        masker.allocate(keep, alloc, cfg.mask.soft_temperature)
-        state["lambda"] = cfg.reg_lambda * (1.0 - keep) / cfg.sparsity if cfg.sparsity else 0.0
+        state["lambda"] = cfg.reg_lambda * (1.0 - keep) / (1.0 - final_keep) if final_keep < 1 else 0.0
 
     task_loss = classification_loss(ctx.teacher, cfg.train)
 
@@ -64,7 +72,7 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     result = train(
         model,
         ctx.train,
-        ctx.dev,
+        ctx.validation,
         cfg.train,
         teacher=ctx.teacher,
         loss_fn=loss_fn,
@@ -74,20 +82,23 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     )
     masker.to_("cpu")
     with torch.no_grad():
-        masker.allocate(final_keep, alloc, cfg.mask.soft_temperature)
+        masker.allocate_ramp(1.0, final_keep, cfg.mask)
         masker.refresh(alloc)
     ctx.report["head"] = head
     ctx.report["schedule"] = {"steps": steps, "prune_steps": n, "final_keep": final_keep}
     ctx.report["mask"] = masker.summary()
     ctx.report["layer_keep"] = {g.name: round(g.keep, 4) for g in masker.groups} if alloc == "soft" else None
+    ctx.report["shape"] = cfg.mask.shape.model_dump() if cfg.mask.shape else None
     ctx.report["training"] = result.report()
     for p in model.parameters():
         p.requires_grad_(True)
     if cfg.recover_steps:  # the masks stay attached and fixed, so pruned weights get no gradient
-        ctx.report["dev_before_recovery"] = result.dev
+        ctx.report["validation_before_recovery"] = result.validation
         recover = cfg.train.phase(cfg.recover_steps, cfg.recover_lr, warmup_ratio=0.1, weight_decay=0.01)
         masker.to_(resolve_device(recover.device))
-        rec = train(model, ctx.train, ctx.dev, recover, teacher=ctx.teacher, desc="smp: recovery at the fixed mask")
+        rec = train(
+            model, ctx.train, ctx.validation, recover, teacher=ctx.teacher, desc="smp: recovery at the fixed mask"
+        )
         masker.to_("cpu")
         ctx.report["recovery"] = rec.report()
     masker.detach_(model)

@@ -1,0 +1,1 @@
+"""The dense teacher itself: the baseline every compressed artifact is weighed against."""

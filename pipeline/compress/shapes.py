@@ -1,0 +1,148 @@
+"""A speed target turned into a model shape: predict latency from a measured table, search the shape, apply it.
+
+The table (`export.latency_table` measures it in ONNX Runtime on this machine) holds the int8 latency of a one-layer
+model at a grid of (heads kept, FFN neurons kept), the fixed cost of everything outside the encoder layers, and the
+dense fp32 teacher's latency, all at one batch x sequence. A model of L layers of shape (h, f) is predicted at
+`fixed + L * (one_layer(h, f) - fixed)`, bilinear between grid points (ZipLM's per-module latency table, with
+our runtime and our units). The search keeps the shape that meets the target with the most weights kept.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline.config.schema import DeployConfig
+from pipeline.errors import PipelineError
+
+FFN_STEP = 32  # FFN widths are searched in steps of this many neurons
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Measured latencies (ms, p50) of int8 graphs, and the dense fp32 teacher they are compared with."""
+
+    heads: list[int]  # grid of heads kept per layer, increasing
+    ffn: list[int]  # grid of FFN neurons kept per layer, increasing
+    layer_ms: list[list[float]]  # one-layer int8 model at heads[i] x ffn[j]
+    fixed_ms: float  # embeddings, pooler and classifier (int8 graph)
+    dense_fp32_ms: float  # the whole dense teacher, fp32
+    teacher: dict[str, int]  # layers, heads, ffn, hidden, head_dim of the teacher
+    batch: int
+    seq: int
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LatencyTable:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+    def layer_cost(self, heads: float, ffn: float) -> float:
+        """One layer's own cost at (heads, ffn): bilinear in the grid, linear extrapolation below its first point."""
+        i, u = _cell(self.heads, heads)
+        j, v = _cell(self.ffn, ffn)
+        t = self.layer_ms
+        one = (
+            (1 - u) * (1 - v) * t[i][j]
+            + u * (1 - v) * t[i + 1][j]
+            + (1 - u) * v * t[i][j + 1]
+            + u * v * t[i + 1][j + 1]
+        )
+        return max(0.0, one - self.fixed_ms)
+
+    def predict_ms(self, layers: int, heads: float, ffn: float) -> float:
+        return self.fixed_ms + layers * self.layer_cost(heads, ffn)
+
+
+def _cell(grid: list[int], x: float) -> tuple[int, float]:
+    """Index of the grid interval holding x, and x's position in it (may fall outside [0, 1] at the ends)."""
+    if len(grid) < 2:
+        raise PipelineError("a latency table needs at least two grid points per axis")
+    i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
+    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A uniform per-layer shape and what the table predicts for it."""
+
+    layers: int
+    heads: int
+    ffn: int
+    predicted_ms: float
+    predicted_speedup: float
+    params: int  # encoder linear weights kept (the search's objective)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
+    hidden, head_dim = table.teacher["hidden"], table.teacher["head_dim"]
+    return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
+
+
+def search_shape(table: LatencyTable, target: float, layer_options: list[int]) -> Shape:
+    """The shape (L layers of h heads and f FFN neurons each) whose predicted speedup over the dense fp32 teacher
+    is at least `target`, keeping the most encoder weights (more layers win a tie).
+
+    Raises:
+        PipelineError: no shape with at least one head and one FFN step per layer meets the target.
+    """
+    budget = table.dense_fp32_ms / target
+    best: Shape | None = None
+    for layers in sorted(set(layer_options)):
+        for heads in range(1, table.teacher["heads"] + 1):
+            for ffn in range(FFN_STEP, table.teacher["ffn"] + 1, FFN_STEP):
+                ms = table.predict_ms(layers, heads, ffn)
+                if ms > budget:
+                    break  # wider FFNs only cost more
+                params = kept_weights(table, layers, heads, ffn)
+                if best is None or (params, layers) > (best.params, best.layers):
+                    best = Shape(layers, heads, ffn, round(ms, 4), round(table.dense_fp32_ms / ms, 3), params)
+    if best is None:
+        fastest = table.predict_ms(min(layer_options), 1, FFN_STEP)
+        raise PipelineError(
+            f"--target-speedup {target}: even {min(layer_options)} layer(s) of 1 head and {FFN_STEP} FFN neurons "
+            f"are predicted at {table.dense_fp32_ms / fastest:.2f}x on this machine"
+        )
+    return best
+
+
+def layer_options(config: DeployConfig, teacher_layers: int) -> list[int]:
+    """Depths the search may pick: any up to the teacher's when the chain starts with distill, else the teacher's."""
+    names = config.method.split("+")
+    if names[0] != "distill":
+        return [teacher_layers]
+    return [n for n in (config.target.layers or range(1, teacher_layers + 1)) if 1 <= n <= teacher_layers]
+
+
+def check_target_chain(method: str) -> None:
+    """A speed target needs a method that prunes to a shape (smp or gmp), as the chain's last."""
+    if method.split("+")[-1] not in ("smp", "gmp"):
+        raise PipelineError(
+            f"--target-speedup needs a chain that ends in smp or gmp (they prune heads and FFN neurons to the planned "
+            f"shape), e.g. distill+smp; got {method!r}"
+        )
+
+
+def apply_shape(config: DeployConfig, shape: Shape, teacher: dict[str, int]) -> DeployConfig:
+    """The configuration with the planned shape: distill's student depth and the pruner's per-layer heads and FFN
+    neurons. A stage with nothing to do is dropped: distill when every layer stays, the pruner when every head
+    and neuron does (a target the dense int8 graph meets leaves `none`)."""
+    names = config.method.split("+")
+    sections = dict(config.config) if len(names) > 1 else {names[0]: config.config}
+    pruner = names[-1]
+    mask = {**sections[pruner].get("mask", {}), "shape": {"heads": shape.heads, "ffn": shape.ffn}}
+    sections[pruner] = {**sections[pruner], "mask": mask}
+    if (shape.heads, shape.ffn) == (teacher["heads"], teacher["ffn"]):
+        names.remove(pruner)
+    if names and names[0] == "distill":
+        if shape.layers == teacher["layers"]:
+            names.remove("distill")
+        else:
+            student = {**sections["distill"].get("student", {}), "layers": shape.layers}
+            sections["distill"] = {**sections["distill"], "student": student}
+    if not names:
+        return config.model_copy(update={"method": "none", "config": {}})
+    config_section = {n: sections[n] for n in names} if len(names) > 1 else sections[names[0]]
+    return config.model_copy(update={"method": "+".join(names), "config": config_section})

@@ -1,0 +1,98 @@
+"""A speed target: the latency table, the shape search on it, and the configuration it produces."""
+
+import pytest
+
+from pipeline.compress.shapes import (
+    LatencyTable,
+    apply_shape,
+    check_target_chain,
+    layer_options,
+    search_shape,
+)
+from pipeline.errors import PipelineError
+from pipeline.request import build_deploy_config
+
+
+def synthetic_table() -> LatencyTable:
+    """A MiniLM-shaped table whose one-layer cost is linear in heads and neurons (so predictions are exact)."""
+    heads, ffn = [1, 2, 4, 6, 8, 12], [96, 192, 384, 768, 1152, 1536]
+    fixed = 1.0
+    layer = [[fixed + 0.3 * h + 0.004 * f for f in ffn] for h in heads]
+    teacher = {"layers": 6, "heads": 12, "ffn": 1536, "hidden": 384, "head_dim": 32}
+    dense = 2 * (fixed + 6 * (0.3 * 12 + 0.004 * 1536))  # int8 at half the fp32 time
+    return LatencyTable(heads, ffn, layer, fixed, dense, teacher, 8, 128)
+
+
+def test_the_prediction_interpolates_the_measured_grid():
+    t = synthetic_table()
+    assert t.predict_ms(1, 4, 384) == pytest.approx(t.layer_ms[2][2])
+    assert t.predict_ms(6, 12, 1536) == pytest.approx(t.dense_fp32_ms / 2)
+    assert t.predict_ms(3, 5, 500) == pytest.approx(1.0 + 3 * (0.3 * 5 + 0.004 * 500))  # between grid points
+
+
+@pytest.mark.parametrize("target", [2.0, 3.0, 4.0, 6.0, 9.0])
+def test_the_searched_shape_meets_its_target_on_the_table(target):
+    t = synthetic_table()
+    shape = search_shape(t, target, [1, 2, 3, 4, 5, 6])
+    assert t.dense_fp32_ms / t.predict_ms(shape.layers, shape.heads, shape.ffn) >= target
+    assert shape.predicted_speedup >= target
+    # it is the best such shape: nothing with more kept weights meets the target
+    for layers in range(1, 7):
+        for heads in range(1, 13):
+            for ffn in range(32, 1537, 32):
+                if t.dense_fp32_ms / t.predict_ms(layers, heads, ffn) >= target:
+                    assert layers * (4 * 384 * 32 * heads + 2 * 384 * ffn) <= shape.params
+
+
+def test_an_unreachable_target_is_one_line():
+    with pytest.raises(PipelineError, match=r"--target-speedup 500.*predicted at"):
+        search_shape(synthetic_table(), 500.0, [1, 2])
+
+
+def test_the_plan_sets_the_student_depth_and_the_pruned_shape():
+    cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=4"])
+    assert layer_options(cfg, 6) == [1, 2, 3, 4, 5, 6]
+    t = synthetic_table()
+    planned = apply_shape(cfg, search_shape(t, 4.0, [3]), t.teacher)
+    assert planned.method == "distill+smp"
+    assert planned.config["distill"]["student"]["layers"] == 3
+    shape = search_shape(t, 4.0, [3])
+    assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+    full_depth = apply_shape(cfg, search_shape(t, 2.5, [6]), t.teacher)  # all layers kept: nothing to distill
+    assert full_depth.method == "smp" and "shape" in full_depth.config["mask"]
+    dense = apply_shape(cfg, search_shape(t, 1.5, [6]), t.teacher)  # dense int8 meets it: nothing to prune either
+    assert (dense.method, dense.config) == ("none", {})
+    assert layer_options(build_deploy_config("smp", "sst2"), 6) == [6]
+
+
+@pytest.mark.parametrize("method", ["mlp_fusion", "distill", "smp+mlp_fusion"])
+def test_a_target_needs_a_chain_ending_in_a_pruner(method):
+    with pytest.raises(PipelineError, match="needs a chain that ends in smp or gmp"):
+        check_target_chain(method)
+    with pytest.raises(PipelineError, match="needs a chain that ends in smp or gmp"):
+        build_deploy_config(method, "sst2", overrides=["target.speedup=3"])
+
+
+def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(classifier_dirs, tmp_path):
+    """Real probes exported and timed in ONNX Runtime; the plan meets the target on the table it was given."""
+    from export.latency_table import measure_table, plan_target
+
+    teacher = str(classifier_dirs["bert"])
+    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5"]
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *quick])
+    table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert len(table.layer_ms) == len(table.heads) and all(len(r) == len(table.ffn) for r in table.layer_ms)
+    assert table.dense_fp32_ms > 0 and table.fixed_ms >= 0
+    assert measure_table(teacher, cfg.target, cfg.bench, str(tmp_path)) == table  # cached
+    depth = table.teacher["layers"]
+    reachable = table.dense_fp32_ms / table.predict_ms(depth, 1, 32)
+    if reachable < 1.02:  # a tiny model's fixed cost can dominate: then a target is out of reach, in one line
+        with pytest.raises(PipelineError, match=r"--target-speedup 1\.5.*predicted at"):
+            plan_target(cfg, teacher, str(tmp_path))
+        return
+    target = 1 + (reachable - 1) / 2
+    cfg = build_deploy_config("smp", "sst2", overrides=[f"target.speedup={target}", *quick])
+    plan = plan_target(cfg, teacher, str(tmp_path))
+    s = plan["shape"]
+    assert table.dense_fp32_ms / table.predict_ms(s["layers"], s["heads"], s["ffn"]) >= target
+    assert plan["config"]["mask"]["shape"] == {"heads": s["heads"], "ffn": s["ffn"]}
