@@ -158,8 +158,11 @@ def op_counts(path: str | Path) -> dict[str, int]:
     return dict(Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node).most_common())
 
 
-def export_optimized(model, tokenizer, out_dir: str | Path, stem: str = "model") -> dict:
-    """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused) and `{stem}.int8.onnx`.
+def export_optimized(
+    model, tokenizer, out_dir: str | Path, stem: str = "model", calibration: list[dict] | None = None
+) -> dict:
+    """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused) and `{stem}.int8.onnx`
+    (dynamic int8, or static QDQ calibrated on `calibration` feeds when given).
 
     The exporter's `config.json` and tokenizer files land in `out_dir` too (when `tokenizer` is given).
     """
@@ -171,35 +174,70 @@ def export_optimized(model, tokenizer, out_dir: str | Path, stem: str = "model")
             if f.suffix != ".onnx":
                 shutil.move(str(f), out_dir / f.name)
         fused = optimize_onnx(raw, out_dir / f"{stem}.onnx")
-    quantized = quantize_int8(out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx")
+    fp32, int8 = out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx"
+    if calibration is None:
+        quantized = quantize_int8(fp32, int8)
+    else:
+        quantized = quantize_static_int8(fp32, int8, [_feed(fp32, f) for f in calibration])
+    kinds = ("MatMulInteger", "QAttention", "QuantizeLinear", "DequantizeLinear")
     return {
         "fused_ops": fused,
-        "int8_ops": {k: v for k, v in quantized.items() if k in ("MatMulInteger", "QAttention")},
+        "int8": "dynamic" if calibration is None else "static",
+        "int8_ops": {k: v for k, v in quantized.items() if k in kinds},
     }
 
 
-def export_stage(staging: str, teacher_dir: str, cache_dir: str) -> dict:
+def _feed(graph: Path, features: dict) -> dict:
+    """One calibration example as the graph's inputs (int64 arrays of batch 1)."""
+    import numpy as np
+    import onnx
+
+    names = [i.name for i in onnx.load(str(graph), load_external_data=False).graph.input]
+    return {n: np.asarray([features[n]], dtype=np.int64) for n in names}
+
+
+def calibration_features(ref, tokenizer, settings, max_length: int) -> list[dict] | None:
+    """The tokenised calibration sentences (first N of train) for static int8, None for dynamic."""
+    if settings.int8 != "static":
+        return None
+    from pipeline.data.encoding import encode
+    from pipeline.data.loaders import Split
+
+    train = ref.load().train
+    n = settings.calibration
+    return encode(tokenizer, Split(train.texts[:n], train.labels[:n]), max_length).features
+
+
+def export_stage(
+    staging: str, teacher_dir: str, cache_dir: str, ref=None, settings=None, max_length: int = 128
+) -> dict:
     """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark).
 
-    The dense teacher's graphs are cached by the teacher's digest and the exporting libraries' versions: every
-    deploy from one teacher benchmarks against the same graphs, exported once.
+    The dense teacher's graphs are cached by the teacher's digest, the int8 settings and the exporting libraries'
+    versions: every deploy from one teacher benchmarks against the same graphs, exported once. Static int8
+    (`settings.int8`) calibrates both graphs on the same train sentences of `ref`.
     """
     from pipeline.models.folders import load_tokenizer
     from pipeline.models.io import load_model
 
     staging_path = Path(staging)
     compact_dir = staging_path / "pytorch"
-    report = {"compressed": export_optimized(load_model(compact_dir), load_tokenizer(compact_dir), staging_path)}
+    tokenizer = load_tokenizer(compact_dir)
+    calibration = calibration_features(ref, tokenizer, settings, max_length) if settings else None
+    report = {
+        "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
+    }
     key = key_of(
         stage="dense-onnx",
         v=DENSE_EXPORT_VERSION,
         teacher=dir_digest(Path(teacher_dir)),
         opset=OPSET,
         versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
+        int8=None if calibration is None else {"static": settings.model_dump(), "data": ref.load().fingerprint},
     )
 
     def build(out: Path) -> None:
-        stats = export_optimized(load_model(teacher_dir), None, out, stem="dense")
+        stats = export_optimized(load_model(teacher_dir), None, out, stem="dense", calibration=calibration)
         (out / "export.json").write_text(json.dumps(stats))
 
     entry, hit = cached_build(Path(cache_dir), "dense_onnx", key, build)

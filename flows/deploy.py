@@ -52,7 +52,16 @@ def deploy(request: DeployRequest) -> str:
             cfg.gates.compaction_atol,
             request.max_length,
         )
-        exported = timed("export", stage_tasks.export_models, str(staging), teacher["path"], request.cache_dir)
+        exported = timed(
+            "export",
+            stage_tasks.export_models,
+            str(staging),
+            teacher["path"],
+            request.cache_dir,
+            ref,
+            cfg.export,
+            request.max_length,
+        )
         validation = timed(
             "validate",
             stage_tasks.validate_models,

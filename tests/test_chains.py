@@ -47,8 +47,9 @@ def test_a_chain_runs_end_to_end_with_each_stage_cached_and_exact_compaction(tmp
 
 
 def test_method_none_ships_the_dense_teacher_against_dense_int8(classifier_dirs, tmp_path):
-    _, artifact = quick_deploy("none", classifier_dirs["bert"], tmp_path)
+    _, artifact = quick_deploy("none", classifier_dirs["bert"], tmp_path, "--set", "export.int8=static")
     report = json.loads((artifact / "report.json").read_text())
+    assert report["export"]["compressed"]["int8"] == "static" and report["export"]["dense"]["int8"] == "static"
     assert report["compress"]["stages"] == [] and report["compaction"]["removed_heads"] == [0, 0]
     assert report["speed"]["params"]["dense"] == report["speed"]["params"]["compressed"]
     metrics = report["validation"]["metrics"]

@@ -133,3 +133,32 @@ def test_model_with_headless_and_zero_width_layers_exports_with_parity(kind, dev
     assert ops.get("MatMulInteger", 0) > 0 and ops.get("MatMul") == 2  # the zero-width FFN's, kept fp32
     int8 = compare_logits(ref, onnx_logits(tmp_path / "model.int8.onnx", enc))
     assert int8.argmax_agreement > 0.8 and int8.max_abs_diff < 0.5  # MatMulInteger with K=0 gave garbage here
+
+
+def _alone_and_batched(path, enc):
+    """Each example's logits scored alone, and inside batches of 8 padded to their longest."""
+    from export.sessions import make_session
+    from pipeline.data.encoding import collate
+
+    sess = make_session(path)
+    names = [i.name for i in sess.get_inputs()]
+    alone = np.concatenate(
+        [sess.run(None, {n: collate(enc, [i])[n].numpy() for n in names})[0] for i in range(len(enc))]
+    )
+    return alone, onnx_logits(path, enc, batch_size=8)
+
+
+def test_static_int8_is_close_to_fp32_and_batch_invariant(dev_texts, tmp_path):
+    """Static QDQ int8 (scales calibrated on train sentences) keeps fp32's labels and gives a sentence the same
+    scores whatever it is batched with; dynamic int8 recomputes activation scales per call, so it may not."""
+    model, tokenizer = tiny_model("bert", layers=2), tiny_tokenizer("bert")
+    train = load_task_data("sst2", source="sample", max_train=64).train
+    calibration = encode(tokenizer, train, 64).features
+    report = export_optimized(model, tokenizer, tmp_path / "static", calibration=calibration)
+    assert report["int8"] == "static" and report["int8_ops"].get("QuantizeLinear", 0) > 0
+    assert "MatMulInteger" not in op_counts(tmp_path / "static" / "model.int8.onnx")
+    enc = encode(tokenizer, dev_texts, 64)
+    fp32 = onnx_logits(tmp_path / "static" / "model.onnx", enc)
+    alone, batched = _alone_and_batched(tmp_path / "static" / "model.int8.onnx", enc)
+    assert (alone.argmax(1) == fp32.argmax(1)).mean() >= 0.9
+    assert np.abs(alone - batched).max() < 1e-4  # batch-invariant

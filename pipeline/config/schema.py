@@ -190,6 +190,19 @@ class Gates(FrozenModel):
     )
 
 
+class ExportSettings(FrozenModel):
+    """How the int8 graph is made (both graphs of a run, the artifact's and the dense teacher's, alike).
+
+    Attributes:
+        int8: `dynamic` (activation scales computed per call: a sentence's scores can depend on what it is batched
+            with) or `static` (QDQ, scales calibrated once on train sentences: batch-invariant).
+        calibration: train sentences (the first N of the training split) static calibration runs on.
+    """
+
+    int8: Literal["dynamic", "static"] = "dynamic"
+    calibration: int = Field(256, ge=1)
+
+
 class TargetConfig(FrozenModel):
     """A speed target (`--target-speedup X`): the artifact's int8 graph X times faster than the dense fp32 teacher.
 
@@ -223,6 +236,7 @@ class DeployConfig(FrozenModel):
     bench: BenchSettings = BenchSettings()
     gates: Gates = Gates()
     target: TargetConfig = TargetConfig()
+    export: ExportSettings = ExportSettings()
 
 
 def validate(cls: type[BaseModel], data: Any, what: str) -> Any:
