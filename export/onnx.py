@@ -95,8 +95,20 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
     uninitialised when the inner dimension is 0 (garbage that changes from run to run), while fp32 MatMul
     correctly returns zeros.
     """
-    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with _shaped(src) as (shaped, keep_fp32), _quiet():
+        quantize_dynamic(
+            str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
+        )
+    return op_counts(dst)
+
+
+@contextlib.contextmanager
+def _shaped(src: str | Path) -> Iterator[tuple[Path, list[str]]]:
+    """`src` after symbolic shape inference (a temporary file), and the MatMuls with an empty weight, which
+    must stay fp32 (see `quantize_int8`)."""
+    import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     graph = SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True)
@@ -105,11 +117,7 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as tmp:
         shaped = Path(tmp) / "shaped.onnx"
         onnx.save(graph, str(shaped))
-        with _quiet():
-            quantize_dynamic(
-                str(shaped), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32
-            )
-    return op_counts(dst)
+        yield shaped, keep_fp32
 
 
 def quantize_static_int8(src: str | Path, dst: str | Path, feeds: list[dict]) -> dict[str, int]:
@@ -119,9 +127,7 @@ def quantize_static_int8(src: str | Path, dst: str | Path, feeds: list[dict]) ->
     batched with. `MatMulConstBOnly` keeps the attention's activation-by-activation MatMuls in fp32 (ORT's
     static default would quantise them, at a cost in accuracy), as dynamic mode does.
     """
-    import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -130,25 +136,19 @@ def quantize_static_int8(src: str | Path, dst: str | Path, feeds: list[dict]) ->
         def get_next(self):
             return next(self.it, None)
 
-    graph = SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True)
-    empty = {t.name for t in graph.graph.initializer if 0 in t.dims}
-    keep_fp32 = [n.name for n in graph.graph.node if n.op_type == "MatMul" and empty.intersection(n.input)]
-    with tempfile.TemporaryDirectory() as tmp:
-        shaped = Path(tmp) / "shaped.onnx"
-        onnx.save(graph, str(shaped))
-        with _quiet():
-            quantize_static(
-                str(shaped),
-                str(dst),
-                Reader(),
-                quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=["MatMul", "Gemm"],
-                per_channel=True,
-                activation_type=QuantType.QUInt8,
-                weight_type=QuantType.QInt8,
-                nodes_to_exclude=keep_fp32,
-                extra_options={"MatMulConstBOnly": True},
-            )
+    with _shaped(src) as (shaped, keep_fp32), _quiet():
+        quantize_static(
+            str(shaped),
+            str(dst),
+            Reader(),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=keep_fp32,
+            extra_options={"MatMulConstBOnly": True},
+        )
     return op_counts(dst)
 
 
