@@ -145,7 +145,9 @@ def assert_one_line_error(result, needle):
 
 def quick_args(method, model_dir, tmp_path, *extra):
     """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+           # what `pipeline deploy` sets before importing Prefect; a test that imports flows first needs it too
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}  # fmt: skip
     args = ["--method", method, "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path / "out"),
             "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra, *QUICK_BENCH]  # fmt: skip
     return args, env
