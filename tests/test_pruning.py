@@ -114,6 +114,21 @@ def test_gmp_reaches_uniform_target_sparsity_and_trains_weights():
     assert any(not torch.equal(after[k][after[k] != 0], before[k][after[k] != 0]) for k in after)  # weights moved
 
 
+@pytest.mark.parametrize("method", ["smp", "gmp"])
+def test_a_planned_shape_prunes_every_layer_to_its_head_and_neuron_counts(method, tmp_path):
+    """`mask.shape` (what `--target-speedup` sets) replaces sparsity: each layer keeps exactly that many units."""
+    ctx = _context()
+    mask = MaskConfig(ffn="neuron", attention="head", allocation="soft", shape={"heads": 1, "ffn": 24})
+    train = TrainConfig(max_steps=6, batch_size=16, cycles=3)
+    if method == "smp":
+        cfg, apply = SmpConfig(mask=mask, head="classifier", train=train), smp_apply
+    else:
+        cfg, apply = GmpConfig(sparsity=0.5, prune_every=1, mask=mask, train=train), gmp_apply
+    model = apply(copy.deepcopy(ctx.teacher).requires_grad_(True), cfg, ctx)
+    compact_(model)
+    assert head_counts(model) == [1, 1] and ffn_widths(model) == [24, 24]
+
+
 def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
     ctx = _context()
     batch = next(iter_batches(ctx.train, 8, shuffle=False))
