@@ -5,7 +5,7 @@ import pytest
 from pipeline.compress.registry import get_method, method_config, methods
 from pipeline.config.recipes import RECIPES_DIR, TEACHERS_DIR, apply_override, default_recipe_path, read_yaml_mapping
 from pipeline.config.schema import DeployConfig, TrainConfig
-from pipeline.data.loaders import load_task_data, resolve_source
+from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
 from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
 from pipeline.request import build_deploy_config
@@ -169,13 +169,15 @@ def test_the_validation_split_is_carved_from_train_disjoint_and_fixed_by_seed():
     b = load_task_data("sst2", source="sample", max_train=50)
     c = load_task_data("sst2", source="sample", validation=(2000, 0.1, 1))
     raw = set(full.train.texts) | set(full.validation.texts)
-    assert len(a.validation) == 100 and len(a.train) + len(a.validation) == len(raw)  # 10% of 1,000
+    assert len(a.validation) == 250 and len(a.train) + len(a.validation) == len(raw)  # 10% of 1,000 is under 250
     assert not set(a.validation.texts) & set(a.train.texts)  # disjoint
     assert set(a.validation.texts) <= raw and not set(a.validation.texts) & set(a.dev.texts)
     assert a.validation == b.validation  # max_train never changes it
     assert set(b.train.texts) <= set(a.train.texts)
     assert c.validation != a.validation  # another seed, another slice
-    assert a.describe()["validation_split"] == {**a.describe()["validation_split"], "seed": 0, "examples": 100}
+    assert a.describe()["validation_split"] == {**a.describe()["validation_split"], "seed": 0, "examples": 250}
+    big = carve_validation(Split([(str(i),) for i in range(30_000)], [0] * 30_000), 2000, 0.1, 0)
+    assert (len(big[0]), len(big[1])) == (28_000, 2000)
 
 
 def test_a_training_set_too_small_to_carve_is_one_line(tmp_path):

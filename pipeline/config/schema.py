@@ -139,8 +139,9 @@ class DataLimits(FrozenModel):
 
     Attributes:
         validation_size, validation_fraction: the validation split is min(size, fraction x train) examples of
-            the source's train file, drawn with `validation_seed` before `max_train` applies. Every choice a run
-            makes (gates, checkpoints, recipe tuning) uses it; dev is only reported.
+            the source's train file (but at least min(250, a quarter of train), so a gate has resolution), drawn
+            with `validation_seed` before `max_train` applies. Every choice a run makes (gates, checkpoints,
+            recipe tuning) uses it; dev is only reported.
         max_train: a seeded random subset of the rest of train.
         max_dev: the first N of dev.
     """

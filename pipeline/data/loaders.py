@@ -87,14 +87,19 @@ class TaskData:
         }
 
 
+VALIDATION_MIN = 250  # small training sets still give this many (up to a quarter of train): gates need resolution
+
+
 def carve_validation(train: Split, size: int, fraction: float, seed: int) -> tuple[Split, Split]:
-    """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`.
+    """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`, but at
+    least min(250, a quarter of train), so one example is not a whole point of a gate on small data.
 
     At least one example stays on each side; the two parts are disjoint by construction.
     """
     if len(train) < 2:
         raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
-    n = min(size, math.floor(fraction * len(train)), len(train) - 1)
+    floor = min(VALIDATION_MIN, len(train) // 4)
+    n = min(max(min(size, math.floor(fraction * len(train))), floor), len(train) - 1)
     n = max(1, n)
     chosen = set(random.Random(seed).sample(range(len(train)), n))
     keep = [i for i in range(len(train)) if i not in chosen]
