@@ -297,7 +297,7 @@ def test_live_gates(base_dirs, tmp_path):
     """Every gate at its default, live: a tiny teacher trained long enough to have margins (so int8 flips one
     sentence of 250 at most) and a fused student that recovers; then a fusion to one neuron per FFN, untrained,
     which misses `gates.max_metric_drop` in one line and publishes nothing."""
-    trained = ("--teacher-steps", "200", "--set", "teacher.lr=2e-3", "--set", "teacher.epochs=100",
+    trained = ("--teacher-steps", "400", "--set", "teacher.lr=2e-3", "--set", "teacher.epochs=100",
                "--max-train", "1000", "--max-dev", "250")  # fmt: skip
     args, env = quick_args("mlp_fusion", base_dirs["bert"], tmp_path, *trained, "--steps", "100",
                            "--set", "config.train.lr=1e-3", "--set", "config.tune_steps=20")  # fmt: skip
