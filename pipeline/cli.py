@@ -136,12 +136,12 @@ def serve(ctx: typer.Context) -> None:
 @app.command("methods")
 def list_methods() -> None:
     """List the registered compression methods, and how they chain."""
-    from pipeline.compress.registry import CHAIN_SEP, methods
-    from pipeline.config.recipes import RECIPES_DIR
+    from pipeline.compress.registry import methods
+    from pipeline.config.recipes import CHAIN_SEP, RECIPES_DIR
 
     for m in methods():
         typer.echo(f"{m.name:<12} {m.summary}")
-    first = ", ".join(m.name for m in methods() if m.first_only)
+    first = ", ".join(m.name for m in methods() if m.builds_student)
     shapers = ", ".join(m.name for m in methods() if m.shapes)
     chains = ", ".join(sorted(p.name for p in RECIPES_DIR.iterdir() if CHAIN_SEP in p.name))
     typer.echo(

@@ -23,6 +23,7 @@ from pipeline.compress.methods.gmp.config import GmpConfig
 from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.methods.smp.config import SmpConfig
+from pipeline.config.recipes import CHAIN_SEP
 from pipeline.config.schema import DeployConfig, MethodConfig, validate
 from pipeline.errors import PipelineError
 
@@ -35,7 +36,7 @@ class Method:
     config_cls: type[MethodConfig]
     apply_path: str | None  # "package.module:function"; None: the model passes through unchanged
     summary: str
-    first_only: bool = False  # builds a new model from the dense teacher, so nothing can come before it
+    builds_student: bool = False  # a new model from the dense teacher: first in a chain, sets a planned depth
     shapes: bool = False  # prunes whole heads and FFN neurons to a planned per-layer shape (`--target-speedup`)
 
     def apply(self) -> Callable[..., Any]:
@@ -55,16 +56,13 @@ def method(config_cls: type[MethodConfig], apply_path: str | None, **flags: bool
 _METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        method(DistillConfig, "pipeline.compress.methods.distill.stage:apply", first_only=True),
+        method(DistillConfig, "pipeline.compress.methods.distill.stage:apply", builds_student=True),
         method(GmpConfig, "pipeline.compress.methods.gmp.stage:apply", shapes=True),
         method(MlpFusionConfig, "pipeline.compress.methods.mlp_fusion.stage:apply"),
         method(NoneConfig, None),
         method(SmpConfig, "pipeline.compress.methods.smp.stage:apply", shapes=True),
     )
 }
-
-
-CHAIN_SEP = "+"
 
 
 def get_method(name: str) -> Method:
@@ -97,7 +95,7 @@ def parse_chain(name: str) -> list[Method]:
             raise PipelineError(f"method chain {name!r} names {m.name} twice")
         if m.apply_path is None:
             raise PipelineError(f"method chain {name!r}: {m.name} cannot be chained (it compresses nothing)")
-        if i > 0 and m.first_only:
+        if i > 0 and m.builds_student:
             raise PipelineError(
                 f"method chain {name!r}: {m.name} cannot follow {chain[i - 1].name}: it builds its student from "
                 "the dense teacher, so it must come first"

@@ -13,6 +13,8 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipeline.compress.registry import chain_configs, methods, parse_chain
+from pipeline.config.recipes import CHAIN_SEP
 from pipeline.config.schema import DeployConfig
 from pipeline.errors import PipelineError
 
@@ -109,40 +111,34 @@ def search_shape(table: LatencyTable, target: float, layer_options: list[int]) -
 
 
 def layer_options(config: DeployConfig, teacher_layers: int) -> list[int]:
-    """Depths the search may pick: any up to the teacher's when the chain starts with distill, else the teacher's."""
-    names = config.method.split("+")
-    if names[0] != "distill":
+    """Depths the search may pick: up to the teacher's when the chain starts by building a student (distill),
+    else the teacher's."""
+    if not parse_chain(config.method)[0].builds_student:
         return [teacher_layers]
     return [n for n in (config.target.layers or range(1, teacher_layers + 1)) if 1 <= n <= teacher_layers]
 
 
 def check_target_chain(method: str) -> None:
-    """A speed target needs a method that prunes to a shape (smp or gmp), as the chain's last."""
-    if method.split("+")[-1] not in ("smp", "gmp"):
+    """A speed target needs a method that prunes to a shape as the chain's last."""
+    if not parse_chain(method)[-1].shapes:
+        shapers = " or ".join(m.name for m in methods() if m.shapes)
         raise PipelineError(
-            f"--target-speedup needs a chain that ends in smp or gmp (they prune heads and FFN neurons to the planned "
-            f"shape), e.g. distill+smp; got {method!r}"
+            f"--target-speedup needs a chain that ends in {shapers} (they prune heads and FFN neurons to the "
+            f"planned shape), e.g. distill{CHAIN_SEP}smp; got {method!r}"
         )
 
 
 def apply_shape(config: DeployConfig, shape: Shape, teacher: dict[str, int]) -> DeployConfig:
-    """The configuration with the planned shape: distill's student depth and the pruner's per-layer heads and FFN
-    neurons. A stage with nothing to do is dropped: distill when every layer stays, the pruner when every head
-    and neuron does (a target the dense int8 graph meets leaves `none`)."""
-    names = config.method.split("+")
-    sections = dict(config.config) if len(names) > 1 else {names[0]: config.config}
-    pruner = names[-1]
-    mask = {**sections[pruner].get("mask", {}), "shape": {"heads": shape.heads, "ffn": shape.ffn}}
-    sections[pruner] = {**sections[pruner], "mask": mask}
-    if (shape.heads, shape.ffn) == (teacher["heads"], teacher["ffn"]):
-        names.remove(pruner)
-    if names and names[0] == "distill":
-        if shape.layers == teacher["layers"]:
-            names.remove("distill")
-        else:
-            student = {**sections["distill"].get("student", {}), "layers": shape.layers}
-            sections["distill"] = {**sections["distill"], "student": student}
-    if not names:
+    """The configuration with the planned shape, each stage's config as its method plans it (`planned`): the
+    student's depth, the pruner's per-layer heads and FFN neurons. A stage left with nothing to do is dropped
+    (distill when every layer stays, the pruner when every unit does); when none is left, `none`."""
+    kept = [
+        (m, planned)
+        for m, cfg in chain_configs(config)
+        if (planned := cfg.planned(shape.layers, shape.heads, shape.ffn, teacher)) is not None
+    ]
+    if not kept:
         return config.model_copy(update={"method": "none", "config": {}})
-    config_section = {n: sections[n] for n in names} if len(names) > 1 else sections[names[0]]
-    return config.model_copy(update={"method": "+".join(names), "config": config_section})
+    sections = {m.name: cfg.model_dump(mode="json") for m, cfg in kept}
+    method = CHAIN_SEP.join(sections)
+    return config.model_copy(update={"method": method, "config": sections if len(kept) > 1 else sections[method]})

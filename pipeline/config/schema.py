@@ -74,6 +74,16 @@ class MethodConfig(FrozenModel):
         """Check the config against the base model folder, the teacher folder when given (its config in
         `model_config`, else the base model's) and the task, before any stage runs; raise PipelineError."""
 
+    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> MethodConfig | None:
+        """This stage's config for a shape planned by `--target-speedup` (`layers` of `heads` heads and `ffn` FFN
+        neurons; `teacher` has the dense teacher's layers, heads and ffn), or None when the shape leaves the stage
+        nothing to do. A method that neither sets depth nor prunes units keeps its config."""
+        return self
+
+    def updated(self, **changes: Any) -> MethodConfig:
+        """A copy with `changes` applied to its fields, validated again (model_copy would skip the validators)."""
+        return type(self).model_validate({**self.model_dump(), **changes})
+
 
 FfnGranularity = Literal["unstructured", "block", "neuron", "none"]
 AttentionGranularity = Literal["unstructured", "block", "head", "none"]
@@ -132,6 +142,17 @@ class MaskConfig(FrozenModel):
         for what, rows, cols in shapes:
             if rows and cols and (rows % r or cols % c):
                 raise PipelineError(f"block {r}x{c} does not divide the {what} matrices ({rows}x{cols})")
+
+
+class PruningConfig(MethodConfig):
+    """Base of the methods that prune heads and FFN neurons through `pipeline.compress.masking` (smp, gmp)."""
+
+    mask: MaskConfig = MaskConfig()
+
+    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> PruningConfig | None:
+        if (heads, ffn) == (teacher["heads"], teacher["ffn"]):
+            return None  # every head and neuron stays: nothing to prune
+        return self.updated(mask={**self.mask.model_dump(), "shape": {"heads": heads, "ffn": ffn}})
 
 
 class DataLimits(FrozenModel):

@@ -88,6 +88,14 @@ class DistillConfig(MethodConfig):
             )
         return self
 
+    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> DistillConfig | None:
+        """The student at the planned depth (its width is the pruner's to set); None when every layer stays."""
+        if self.student.path is not None:
+            raise PipelineError("--target-speedup plans the student's depth; it cannot with config.student.path set")
+        if layers == teacher["layers"]:
+            return None  # the teacher's own depth: nothing to distill
+        return self.updated(student={**self.student.model_dump(), "layers": layers})
+
     def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
         """Layer indices, relation heads and the student's vocabulary, before any stage runs."""
         n_teacher = model_config.get("num_hidden_layers", 0)

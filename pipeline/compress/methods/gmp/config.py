@@ -7,10 +7,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from pipeline.config.schema import MaskConfig, MethodConfig, TrainConfig
+from pipeline.config.schema import MaskConfig, PruningConfig, TrainConfig
 
 
-class GmpConfig(MethodConfig):
+class GmpConfig(PruningConfig):
     """GMP*: gradual magnitude pruning, cubic schedule with an initial jump, KD, learning-rate re-warming.
 
     Paper: "GMP*: Well-Tuned Gradual Magnitude Pruning Can Outperform Most BERT-Pruning Methods",

@@ -7,10 +7,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.config.schema import MaskConfig, MethodConfig, TrainConfig
+from pipeline.config.schema import MaskConfig, PruningConfig, TrainConfig
 
 
-class SmpConfig(MethodConfig):
+class SmpConfig(PruningConfig):
     """SMP: frozen weights; only mask scores train, through a straight-through top-v mask (SMP-L / SMP-S).
 
     Paper: "Pruning Pre-trained Language Models Without Fine-Tuning", arXiv 2210.06210. The kept fraction
