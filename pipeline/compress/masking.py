@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.compress.selection import cubic, kept_count, ste_topk, topk_mask
+from pipeline.compress.selection import kept_count, ste_topk, topk_mask
 from pipeline.config.schema import Allocation, AttentionGranularity, FfnGranularity, MaskConfig, UnitCounts
 from pipeline.errors import PipelineError
 from pipeline.models.layers import encoder_layers, new_linear
@@ -242,19 +242,20 @@ class Masker:
                 for g, share in zip(members, shares.tolist(), strict=True):
                     g.keep = min(1.0, share)
 
-    def allocate_ramp(self, progress: float, final_keep: float, cfg: MaskConfig) -> None:
-        """The budget at `progress` (0..1) of the cubic ramp from everything kept to the final budget: `final_keep`
-        split by `cfg.allocation`, or with `cfg.shape` each layer's own head and neuron counts (local top-k)."""
+    def allocate_towards(self, done: float, final_keep: float, cfg: MaskConfig) -> None:
+        """The budget `done` (0..1) of the way from everything kept to the final one: the kept fraction
+        `final_keep` split by `cfg.allocation`, or with `cfg.shape` each layer's own head and neuron counts."""
         if cfg.shape is None:
-            self.allocate(cubic(progress, 1.0, final_keep), cfg.allocation, cfg.soft_temperature)
-        else:
-            self.allocate_shape(1.0 - cubic(progress, 1.0, 0.0), cfg.shape)
-
-    def allocate_shape(self, done: float, shape: UnitCounts) -> None:
-        """Each layer's heads and neurons `done` (0..1) of the way from all kept to the shape's counts."""
+            self.allocate(1.0 - done * (1.0 - final_keep), cfg.allocation, cfg.soft_temperature)
+            return
         for g in self.groups:
-            count = shape.heads if g.kind == "head" else shape.ffn
-            g.keep = 1.0 - done * (1.0 - min(1.0, count / g.units))
+            g.keep = 1.0 - done * (1.0 - _shape_keep(g, cfg.shape))
+
+    def final_keep(self, cfg: MaskConfig, sparsity: float) -> float:
+        """The kept fraction of all masked units at the end: 1 - `sparsity`, or what `cfg.shape` keeps."""
+        if cfg.shape is None:
+            return 1.0 - sparsity
+        return sum(_shape_keep(g, cfg.shape) * g.units for g in self.groups) / sum(g.units for g in self.groups)
 
     def by_kind(self) -> dict[str, list[MaskGroup]]:
         kinds: dict[str, list[MaskGroup]] = {}
@@ -322,6 +323,11 @@ class Masker:
             "kept_weights": kept_w,
             "kept_fraction": round(kept_w / max(total_w, 1), 4),
         }
+
+
+def _shape_keep(group: MaskGroup, shape: UnitCounts) -> float:
+    """The fraction of a layer's heads or neurons a planned shape keeps."""
+    return min(1.0, (shape.heads if group.kind == "head" else shape.ffn) / group.units)
 
 
 def _matrix_grid(lin: MaskedLinear, granularity: str, block: tuple[int, int], where: str):

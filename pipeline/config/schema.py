@@ -125,6 +125,11 @@ class MaskConfig(FrozenModel):
         return self
 
     @property
+    def allocation_used(self) -> Allocation:
+        """`allocation`, except that a planned shape fixes every layer's own counts (local top-k)."""
+        return self.allocation if self.shape is None else "local"
+
+    @property
     def structured(self) -> bool:
         return self.ffn in ("neuron", "none") and self.attention in ("head", "none")
 

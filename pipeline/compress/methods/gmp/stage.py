@@ -36,14 +36,12 @@ def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
     masker = Masker.from_config(model, cfg.mask)
     steps = num_steps(cfg.train, len(ctx.train))
     schedule = prune_schedule(cfg, steps)
-    alloc = cfg.mask.allocation if cfg.mask.shape is None else "local"  # a shape is per layer
+    final_keep, alloc = masker.final_keep(cfg.mask, cfg.sparsity), cfg.mask.allocation_used
 
     def before_step(step: int) -> None:
         if step in schedule:
-            if cfg.mask.shape is None:
-                masker.allocate(1.0 - schedule[step], alloc)
-            else:  # each layer's planned head and neuron counts, reached along the same schedule
-                masker.allocate_shape(schedule[step] / cfg.sparsity if cfg.sparsity else 1.0, cfg.mask.shape)
+            done = schedule[step] / cfg.sparsity if cfg.sparsity else 1.0  # of the way to the final budget
+            masker.allocate_towards(done, final_keep, cfg.mask)
             masker.refresh(alloc, scores={g.name: g.magnitude() for g in masker.groups})
 
     result = train(

@@ -13,7 +13,6 @@ from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.compress.methods.smp.heads import resolve_head
 from pipeline.compress.methods.smp.verbalizer import build_verbalizer_classifier
 from pipeline.compress.selection import cubic
-from pipeline.config.schema import UnitCounts
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir
 from pipeline.train.loop import num_steps, resolve_device, train
@@ -28,12 +27,6 @@ def prune_steps(cfg: SmpConfig, steps: int) -> int:
     if n > steps:
         raise PipelineError(f"smp prune_steps {n} is longer than the {steps} training steps this data gives")
     return n
-
-
-def shape_keep(masker: Masker, shape: UnitCounts) -> float:
-    """The kept fraction of all masked units under a per-layer shape (what the regulariser's ramp aims at)."""
-    kept = sum(min(g.units, shape.heads if g.kind == "head" else shape.ffn) for g in masker.groups)
-    return kept / sum(g.units for g in masker.groups)
 
 
 def starting_model(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> tuple[nn.Module, str]:
@@ -53,13 +46,12 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     masker = Masker.from_config(model, cfg.mask)
     steps = num_steps(cfg.train, len(ctx.train))
     n = prune_steps(cfg, steps)
-    final_keep = 1.0 - cfg.sparsity if cfg.mask.shape is None else shape_keep(masker, cfg.mask.shape)
-    alloc = cfg.mask.allocation if cfg.mask.shape is None else "local"  # a shape is per layer
+    final_keep, alloc = masker.final_keep(cfg.mask, cfg.sparsity), cfg.mask.allocation_used
     masker.to_(resolve_device(cfg.train.device))
     state = {"lambda": 0.0}
 
     def before_step(step: int) -> None:
-        masker.allocate_ramp(step / n, final_keep, cfg.mask)
+        masker.allocate_towards(1.0 - cubic(step / n, 1.0, 0.0), final_keep, cfg.mask)  # the cubic ramp
         keep = cubic(step / n, 1.0, final_keep)
         state["lambda"] = cfg.reg_lambda * (1.0 - keep) / (1.0 - final_keep) if final_keep < 1 else 0.0
 
@@ -82,7 +74,7 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     )
     masker.to_("cpu")
     with torch.no_grad():
-        masker.allocate_ramp(1.0, final_keep, cfg.mask)
+        masker.allocate_towards(1.0, final_keep, cfg.mask)
         masker.refresh(alloc)
     ctx.report["head"] = head
     ctx.report["schedule"] = {"steps": steps, "prune_steps": n, "final_keep": final_keep}
