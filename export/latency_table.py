@@ -9,7 +9,6 @@ library versions: it describes this machine, not the teacher's weights.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import tempfile
@@ -20,24 +19,14 @@ from export.benchmark import benchmark, cpu_name
 from export.onnx import EXPORT_LIBRARIES, export_optimized
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
-from pipeline.compress.methods.distill.students import narrow_
+from pipeline.compress.methods.distill.students import cut_from
 from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
-from pipeline.models.layers import encoder_layers
 
 log = logging.getLogger(__name__)
 
 TABLE_VERSION = "1"
 FIXED_PROBE = "fixed"  # two layers of the smallest shape: with the one-layer probe it gives the fixed cost
-
-
-def probe_model(teacher, layers: int, heads: int, ffn: int):
-    """The teacher's first `layers` layers, each narrowed to `heads` heads and `ffn` neurons and compacted."""
-    model = copy.deepcopy(teacher)
-    model.base_model.encoder.layer = type(encoder_layers(model))(list(encoder_layers(model))[:layers])
-    model.config.num_hidden_layers = layers
-    narrow_(model, heads, ffn)
-    return model
 
 
 def grid(teacher_cfg: dict, target: TargetConfig) -> tuple[list[int], list[int]]:
@@ -75,7 +64,7 @@ def measure_table(teacher_dir: str, target: TargetConfig, bench: BenchSettings, 
         models = {}
         with tempfile.TemporaryDirectory() as tmp:
             for name, (n, h, f) in probes.items():
-                export_optimized(probe_model(teacher, n, h, f), None, Path(tmp) / name)
+                export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, Path(tmp) / name)
                 models[name] = Path(tmp) / name / "model.int8.onnx"
             export_optimized(teacher, None, Path(tmp) / "dense")
             models["dense"] = Path(tmp) / "dense" / "model.onnx"

@@ -57,6 +57,16 @@ def narrow_(model: nn.Module, heads: int | None, ffn: int | None) -> dict:
     return compact_(model)
 
 
+def cut_from(teacher: nn.Module, keep: list[int], heads: int | None, ffn: int | None) -> tuple[nn.Module, dict | None]:
+    """A copy of `teacher` with only the layers `keep`, each narrowed to `heads` heads and `ffn` neurons when given
+    (by `narrow_`, compacted); returns it and the compaction report (None when nothing was narrowed)."""
+    model = copy.deepcopy(teacher)
+    model.base_model.encoder.layer = nn.ModuleList([encoder_layers(model)[i] for i in keep])
+    model.config.num_hidden_layers = len(keep)
+    report = narrow_(model, heads, ffn) if heads is not None or ffn is not None else None
+    return model, report
+
+
 def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
     """A trainable student and a description of how it was made."""
     if cfg.path is not None:
@@ -67,13 +77,9 @@ def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tup
                 f"student {cfg.path} has {student.config.num_labels} labels, task {task.name} has {task.num_labels}"
             )
         return student.requires_grad_(True), {"source": str(cfg.path), "layers": len(encoder_layers(student))}
-    blocks = encoder_layers(teacher)
-    keep = pick_layers(len(blocks), cfg)
-    student = copy.deepcopy(teacher).requires_grad_(True)
-    student.base_model.encoder.layer = nn.ModuleList([encoder_layers(student)[i] for i in keep])
-    student.config.num_hidden_layers = len(keep)
+    keep = pick_layers(len(encoder_layers(teacher)), cfg)
+    student, report = cut_from(teacher, keep, cfg.heads, cfg.ffn)
     info: dict[str, Any] = {"source": "teacher layers", "teacher_layers": keep}
-    if cfg.heads is not None or cfg.ffn is not None:
-        report = narrow_(student, cfg.heads, cfg.ffn)
+    if report is not None:
         info.update(heads=report["heads"], ffn_widths=report["ffn_widths"])
-    return student, info
+    return student.requires_grad_(True), info
