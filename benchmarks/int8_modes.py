@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.benchmark import benchmark, speedups
 from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_static_int8
 from export.parity import onnx_logits
-from export.sessions import make_session
 from pipeline.config.schema import BenchSettings
-from pipeline.data.encoding import collate, encode
+from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef, Split
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
@@ -59,12 +58,7 @@ def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
 
 def batch_invariance(path: Path, enc, batch: int) -> dict:
     """Each example scored alone vs inside consecutive batches of `batch` (padded to their longest)."""
-    sess = make_session(path)
-    names = [i.name for i in sess.get_inputs()]
-    alone = np.concatenate(
-        [sess.run(None, {n: collate(enc, [i])[n].numpy() for n in names})[0] for i in range(len(enc))]
-    )
-    batched = onnx_logits(path, enc, batch_size=batch)
+    alone, batched = onnx_logits(path, enc, batch_size=1), onnx_logits(path, enc, batch_size=batch)
     return {
         "max_abs_diff": float(np.abs(alone - batched).max()),
         "labels_changed": int((alone.argmax(1) != batched.argmax(1)).sum()),
@@ -99,11 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     splits["dev"] = encode(tokenizer, data.dev, args.max_length)
     with tempfile.TemporaryDirectory() as tmp:
         paths = build_variants(args.model, Path(tmp))
-        names = [i.name for i in make_session(paths["fp32"]).get_inputs()]
-        calibration = [{n: collate(calib_enc, [i])[n].numpy() for n in names} for i in range(len(calib_enc))]
         paths["int8-static"] = Path(tmp) / "int8-static.onnx"
-        quantize_static_int8(paths["fp32"], paths["int8-static"], calibration)
-        result: dict = {"model": str(args.model), "calibration_sentences": len(calibration), "variants": {}}
+        quantize_static_int8(paths["fp32"], paths["int8-static"], calib_enc.features)
+        result: dict = {"model": str(args.model), "calibration_sentences": len(calib_enc), "variants": {}}
         for name, path in paths.items():
             entry = {split: scores(onnx_logits(path, enc), enc.labels)["accuracy"] for split, enc in splits.items()}
             entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)

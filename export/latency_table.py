@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 
 from export.benchmark import benchmark, cpu_name
-from export.onnx import EXPORT_LIBRARIES, export_optimized
+from export.onnx import EXPORT_LIBRARIES, dense_graphs, export_optimized
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
 from pipeline.compress.methods.distill.students import cut_from
@@ -66,8 +66,7 @@ def measure_table(teacher_dir: str, target: TargetConfig, bench: BenchSettings, 
             for name, (n, h, f) in probes.items():
                 export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, Path(tmp) / name)
                 models[name] = Path(tmp) / name / "model.int8.onnx"
-            export_optimized(teacher, None, Path(tmp) / "dense")
-            models["dense"] = Path(tmp) / "dense" / "model.onnx"
+            models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / "dense.onnx"  # the one deploy benchmarks
             settings = bench.model_copy(
                 update={
                     "batch_sizes": (target.batch,),

@@ -8,6 +8,7 @@ attention fusion does not recognise graphs from the dynamo exporter.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import shutil
@@ -17,8 +18,13 @@ from collections import Counter
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cache import cached_build, dir_digest, key_of
+
+if TYPE_CHECKING:
+    from pipeline.config.schema import ExportSettings
+    from pipeline.data.loaders import DataRef
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +126,24 @@ def _shaped(src: str | Path) -> Iterator[tuple[Path, list[str]]]:
         yield shaped, keep_fp32
 
 
-def quantize_static_int8(src: str | Path, dst: str | Path, feeds: list[dict]) -> dict[str, int]:
-    """Static QDQ int8: MatMul/Gemm weights per channel, activations at scales calibrated (min-max) on `feeds`.
+def quantize_static_int8(src: str | Path, dst: str | Path, features: list[dict[str, list[int]]]) -> dict[str, int]:
+    """Static QDQ int8: MatMul/Gemm weights per channel, activations at scales calibrated (min-max) on `features`
+    (tokenised examples, `Encoded.features`), fed one at a time.
 
     Unlike dynamic int8, the activation scales are constants, so a sentence's scores do not depend on what it is
     batched with. `MatMulConstBOnly` keeps the attention's activation-by-activation MatMuls in fp32 (ORT's
     static default would quantise them, at a cost in accuracy), as dynamic mode does.
     """
+    import numpy as np
+    import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    names = [i.name for i in onnx.load(str(src), load_external_data=False).graph.input]
+    feeds = ({n: np.asarray([f[n]], dtype=np.int64) for n in names} for f in features)
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.it = iter(feeds)
+            self.it = feeds
 
         def get_next(self):
             return next(self.it, None)
@@ -162,7 +174,7 @@ def export_optimized(
     model, tokenizer, out_dir: str | Path, stem: str = "model", calibration: list[dict] | None = None
 ) -> dict:
     """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused) and `{stem}.int8.onnx`
-    (dynamic int8, or static QDQ calibrated on `calibration` feeds when given).
+    (dynamic int8, or static QDQ calibrated on the tokenised examples `calibration` when given).
 
     The exporter's `config.json` and tokenizer files land in `out_dir` too (when `tokenizer` is given).
     """
@@ -175,72 +187,62 @@ def export_optimized(
                 shutil.move(str(f), out_dir / f.name)
         fused = optimize_onnx(raw, out_dir / f"{stem}.onnx")
     fp32, int8 = out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx"
-    if calibration is None:
-        quantized = quantize_int8(fp32, int8)
-    else:
-        quantized = quantize_static_int8(fp32, int8, [_feed(fp32, f) for f in calibration])
+    static = calibration is not None
+    quantized = quantize_static_int8(fp32, int8, calibration) if static else quantize_int8(fp32, int8)
     kinds = ("MatMulInteger", "QAttention", "QuantizeLinear", "DequantizeLinear")
     return {
         "fused_ops": fused,
-        "int8": "dynamic" if calibration is None else "static",
+        "int8": "static" if static else "dynamic",
         "int8_ops": {k: v for k, v in quantized.items() if k in kinds},
     }
 
 
-def _feed(graph: Path, features: dict) -> dict:
-    """One calibration example as the graph's inputs (int64 arrays of batch 1)."""
-    import numpy as np
-    import onnx
-
-    names = [i.name for i in onnx.load(str(graph), load_external_data=False).graph.input]
-    return {n: np.asarray([features[n]], dtype=np.int64) for n in names}
-
-
-def calibration_features(ref, tokenizer, settings, max_length: int) -> list[dict] | None:
-    """The tokenised calibration sentences (first N of train) for static int8, None for dynamic."""
-    if settings.int8 != "static":
-        return None
-    from pipeline.data.encoding import encode
-    from pipeline.data.loaders import Split
-
-    train = ref.load().train
-    n = settings.calibration
-    return encode(tokenizer, Split(train.texts[:n], train.labels[:n]), max_length).features
-
-
-def export_stage(
-    staging: str, teacher_dir: str, cache_dir: str, ref=None, settings=None, max_length: int = 128
-) -> dict:
-    """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark).
-
-    The dense teacher's graphs are cached by the teacher's digest, the int8 settings and the exporting libraries'
-    versions: every deploy from one teacher benchmarks against the same graphs, exported once. Static int8
-    (`settings.int8`) calibrates both graphs on the same train sentences of `ref`.
-    """
-    from pipeline.models.folders import load_tokenizer
+def dense_graphs(teacher_dir: str, cache_dir: str, calibration: list[dict] | None = None) -> tuple[Path, bool]:
+    """The dense teacher's `dense.onnx` and `dense.int8.onnx` (static int8 when `calibration` is given), cached by
+    the teacher's digest, the calibration examples and the exporting libraries' versions: every deploy from one
+    teacher, and the latency table, use the same graphs, exported once. Returns (cache entry, hit)."""
     from pipeline.models.io import load_model
 
-    staging_path = Path(staging)
-    compact_dir = staging_path / "pytorch"
-    tokenizer = load_tokenizer(compact_dir)
-    calibration = calibration_features(ref, tokenizer, settings, max_length) if settings else None
-    report = {
-        "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
-    }
     key = key_of(
         stage="dense-onnx",
         v=DENSE_EXPORT_VERSION,
         teacher=dir_digest(Path(teacher_dir)),
         opset=OPSET,
         versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
-        int8=None if calibration is None else {"static": settings.model_dump(), "data": ref.load().fingerprint},
+        int8=None if calibration is None else hashlib.sha256(json.dumps(calibration).encode()).hexdigest(),
     )
 
     def build(out: Path) -> None:
         stats = export_optimized(load_model(teacher_dir), None, out, stem="dense", calibration=calibration)
         (out / "export.json").write_text(json.dumps(stats))
 
-    entry, hit = cached_build(Path(cache_dir), "dense_onnx", key, build)
+    return cached_build(Path(cache_dir), "dense_onnx", key, build)
+
+
+def export_stage(
+    staging: str, teacher_dir: str, cache_dir: str, ref: DataRef, settings: ExportSettings, max_length: int
+) -> dict:
+    """Export the compacted model (artifact root) and the dense teacher (work folder, for the benchmark).
+
+    Static int8 (`settings.int8`) calibrates both graphs on the same first `settings.calibration` train examples
+    of `ref`, tokenised at `max_length`.
+    """
+    from pipeline.data.encoding import encode
+    from pipeline.data.loaders import Split
+    from pipeline.models.folders import load_tokenizer
+    from pipeline.models.io import load_model
+
+    staging_path = Path(staging)
+    compact_dir = staging_path / "pytorch"
+    tokenizer = load_tokenizer(compact_dir)
+    calibration = None
+    if settings.int8 == "static":
+        train, n = ref.load().train, settings.calibration
+        calibration = encode(tokenizer, Split(train.texts[:n], train.labels[:n]), max_length).features
+    report = {
+        "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
+    }
+    entry, hit = dense_graphs(teacher_dir, cache_dir, calibration)
     for name in ("dense.onnx", "dense.int8.onnx"):
         shutil.copy2(entry / name, staging_path / ".work" / name)  # a copy: the run never touches the cache entry
     report["dense"] = {**json.loads((entry / "export.json").read_text()), "cached": hit}
