@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.config.schema import DataLimits
 from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 
@@ -87,6 +88,7 @@ class TaskData:
         }
 
 
+DEFAULT_VALIDATION = DataLimits().validation  # the recipes' default: one definition, in the schema
 VALIDATION_MIN = 250  # small training sets still give this many (up to a quarter of train): gates need resolution
 
 
@@ -116,7 +118,7 @@ def load_task_data(
     max_train: int | None = None,
     max_dev: int | None = None,
     source: str | None = None,
-    validation: tuple[int, float, int] = (2000, 0.1, 0),
+    validation: tuple[int, float, int] = DEFAULT_VALIDATION,
 ) -> TaskData:
     """Load train/validation/dev for `task`; `source` ("tsv", "hub", "sample") skips the resolution (see module
     doc); `validation` is (most examples, most fraction of train, seed) of the carved validation split."""
@@ -271,7 +273,7 @@ class DataRef:
     data_dir: str | None = None
     max_train: int | None = None
     max_dev: int | None = None
-    validation: tuple[int, float, int] = (2000, 0.1, 0)  # (most examples, most fraction of train, seed)
+    validation: tuple[int, float, int] = DEFAULT_VALIDATION  # (most examples, most fraction of train, seed)
 
     def load(self) -> TaskData:
         return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)
