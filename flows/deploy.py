@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from export.package import artifact_name, discard, new_staging, published_name
 from export.report import latency_rows, render_markdown
 from flows import stage_tasks
+from pipeline.compress.registry import model_max_length
 from pipeline.request import DeployRequest
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ def deploy(request: DeployRequest) -> str:
     if cfg.target.speedup is not None:
         plan = timed("plan", stage_tasks.plan_target, cfg, teacher["path"], request.cache_dir)
         cfg = cfg.model_copy(update={"method": plan["method"], "config": plan["config"]})
+    max_length = model_max_length(cfg)  # of the planned configuration: planning may drop the training stages
     compressed = timed("compress", stage_tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
@@ -50,7 +52,7 @@ def deploy(request: DeployRequest) -> str:
             ref,
             str(staging / "pytorch"),
             cfg.gates.compaction_atol,
-            request.max_length,
+            max_length,
         )
         exported = timed(
             "export",
@@ -60,7 +62,7 @@ def deploy(request: DeployRequest) -> str:
             request.cache_dir,
             ref,
             cfg.export,
-            request.max_length,
+            max_length,
         )
         validation = timed(
             "validate",
@@ -69,7 +71,7 @@ def deploy(request: DeployRequest) -> str:
             teacher["path"],
             ref,
             cfg.gates,
-            request.max_length,
+            max_length,
             cfg.teacher.max_length,
         )
         speed = timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)

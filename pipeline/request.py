@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from export.package import check_output_dir
 from pipeline.cache import default_cache_dir
-from pipeline.compress.registry import chain_configs, method_config, parse_chain
+from pipeline.compress.registry import chain_configs, parse_chain
 from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
 from pipeline.config.schema import DeployConfig, validate
@@ -62,11 +62,6 @@ class DeployRequest(BaseModel):
     output_dir: str = "artifacts"
     cache_dir: str
     data_source: str
-
-    @property
-    def max_length(self) -> int:
-        """Tokens per example the compressed model was trained with (compaction and validation use it too)."""
-        return method_config(self.config).train.max_length
 
     @property
     def data(self) -> DataRef:

@@ -121,6 +121,13 @@ def chain_configs(config: DeployConfig) -> list[tuple[Method, MethodConfig]]:
     return [(m, validate(m.config_cls, config.config.get(m.name) or {}, f"{m.name} config")) for m in chain]
 
 
+def model_max_length(config: DeployConfig) -> int:
+    """Tokens per example the artifact's model was trained at (compaction, export and validation use it too): the
+    last training method's `train.max_length`, or the teacher's when nothing trains (`none`)."""
+    trained = [cfg for m, cfg in chain_configs(config) if m.apply_path is not None]
+    return trained[-1].train.max_length if trained else config.teacher.max_length
+
+
 def method_config(config: DeployConfig) -> MethodConfig:
     """The config of the method that produces the artifact's model: the chain's last (its `train.max_length`
     is what compaction and validation tokenise at)."""

@@ -251,7 +251,7 @@ class TargetConfig(FrozenModel):
 class DeployConfig(FrozenModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
-    `config` is the method's section, validated by the method's own config class (`registry.method_config`);
+    `config` is the method's section, validated by the method's own config class (`registry.chain_configs`);
     `teacher` comes from the shared teacher definitions in `recipes/teacher/` unless a recipe inlines one.
     """
 
