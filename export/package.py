@@ -1,5 +1,10 @@
 """The artifact folder: staged under a hidden name, published by one rename after every gate passed.
 
+A staging folder is owned by the run that holds the exclusive lock on its `.lock` file beside it (taken before
+the folder exists, released by the kernel when the process dies): a run that was killed (SIGKILL, power loss)
+leaves a staging folder nobody holds, and the next run into the same output folder removes it. Live runs'
+staging folders are never touched, so concurrent runs into one folder are safe.
+
 Layout: model.onnx (fused fp32), model.int8.onnx, config.json (id2label, per-layer heads and FFN widths),
 tokenizer files, pytorch/ (compacted safetensors), report.json, report.md, latency.png, manifest.json
 (sha256 of every file, versions, inputs, config, git revision).
@@ -8,8 +13,10 @@ tokenizer files, pytorch/ (compacted safetensors), report.json, report.md, laten
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -22,7 +29,10 @@ from export.report import render_markdown
 from pipeline.cache import file_digest
 from pipeline.errors import PipelineError
 
+log = logging.getLogger(__name__)
+
 STAGING_PREFIX = ".staging-"
+_held: dict[Path, int] = {}  # staging folder -> the descriptor holding its lock, for this process's live runs
 VERSIONED = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "prefect", "encoder-deploy")
 
 
@@ -39,19 +49,63 @@ def artifact_name(task: str, method: str, salt: str) -> str:
     return f"{task}-{method}-{short}"
 
 
+def _lock_path(staging: Path) -> Path:
+    return staging.with_name(staging.name + ".lock")
+
+
+def remove_dead_stagings(output_dir: str | Path) -> list[Path]:
+    """Remove the staging folders in `output_dir` whose run is gone (nobody holds their lock); return them."""
+    removed = []
+    for staging in sorted(Path(output_dir).glob(f"{STAGING_PREFIX}*")):
+        if not staging.is_dir() or staging in _held:
+            continue
+        lock = _lock_path(staging)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live run holds it
+            os.close(fd)
+            continue
+        try:
+            log.info("removing %s, left by a run that was killed", staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            removed.append(staging)
+        finally:
+            os.close(fd)
+    return removed
+
+
 def new_staging(output_dir: str | Path, name: str) -> Path:
-    """Create the hidden staging folder for artifact `name` inside `output_dir`."""
+    """Create and lock the hidden staging folder for artifact `name` inside `output_dir`, first removing the
+    staging folders of killed runs."""
     out = check_output_dir(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    remove_dead_stagings(out)
     staging = out / f"{STAGING_PREFIX}{name}"
+    fd = os.open(_lock_path(staging), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh name: nobody else waits on it
+    _held[staging] = fd
     staging.mkdir()
     (staging / ".work").mkdir()
     return staging
 
 
+def _release(staging: Path) -> None:
+    fd = _held.pop(staging, None)
+    _lock_path(staging).unlink(missing_ok=True)
+    if fd is not None:
+        os.close(fd)
+
+
 def discard(staging: str | Path) -> None:
     """Remove a staging folder (after a failure): nothing half-written stays behind."""
+    staging = Path(staging)
     shutil.rmtree(staging, ignore_errors=True)
+    _release(staging)
 
 
 def versions() -> dict[str, str]:
@@ -99,4 +153,5 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
     }
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     os.replace(staging, final)
+    _release(staging)
     return final
