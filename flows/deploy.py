@@ -3,12 +3,14 @@
 `plan` runs for a speed target only: it measures the latency table and rewrites the method configuration to the
 planned shape, which the later stages then see as if the recipe had said it.
 
-It only sequences tasks (`flows.stage_tasks`). Every stage after `compress` writes into a hidden staging folder
-that is renamed into place when all gates have passed, and removed on any failure.
+It only sequences tasks (`flows.stage_tasks`), in three steps the sweep flow reuses: `prepare` (data, teacher,
+plan), compress, `package` (everything after compress). Every stage after `compress` writes into a hidden staging
+folder that is renamed into place when all gates have passed, and removed on any failure.
 """
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -17,6 +19,7 @@ from export.package import artifact_name, discard, new_staging, published_name
 from export.report import latency_rows, render_markdown
 from flows import stage_tasks
 from pipeline.compress.registry import model_max_length
+from pipeline.config.schema import DeployConfig
 from pipeline.request import DeployRequest
 
 log = logging.getLogger(__name__)
@@ -25,36 +28,64 @@ log = logging.getLogger(__name__)
 @flow(name="deploy", log_prints=True)
 def deploy(request: DeployRequest) -> str:
     """Compress, compact, export, validate, benchmark and package; returns the artifact folder."""
-    cfg, ref, timings = request.config, request.data, {}
+    run = prepare(request)
+    run.compressed = run.timed("compress", stage_tasks.compress, *compress_args(request, run))
+    return package(request, run)
 
-    def timed(name, fn, *args):
+
+@dataclass
+class Run:
+    """One deploy's state between the stages: the (planned) config and the small reports of finished stages."""
+
+    config: DeployConfig
+    data: dict
+    teacher: dict
+    plan: dict | None
+    compressed: dict | None = None
+    timings: dict = field(default_factory=dict)
+
+    def timed(self, name: str, fn, *args):
         start = time.perf_counter()
         result = fn(*args)
-        timings[name] = round(time.perf_counter() - start, 1)
+        self.timings[name] = round(time.perf_counter() - start, 1)
         return result
 
-    data = timed("data", stage_tasks.describe_data, ref)
-    teacher = timed(
+
+def prepare(request: DeployRequest) -> Run:
+    """Data, teacher and (for a speed target) the plan, which rewrites the method config to the planned shape;
+    the later stages then see it as if the recipe had said it."""
+    cfg, ref = request.config, request.data
+    run = Run(cfg, {}, {}, None)
+    run.data = run.timed("data", stage_tasks.describe_data, ref)
+    run.teacher = run.timed(
         "teacher", stage_tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
     )
-    plan = None
     if cfg.target.speedup is not None:
-        plan = timed("plan", stage_tasks.plan_target, cfg, teacher["path"], request.cache_dir)
-        cfg = cfg.model_copy(update={"method": plan["method"], "config": plan["config"]})
+        run.plan = run.timed("plan", stage_tasks.plan_target, cfg, run.teacher["path"], request.cache_dir)
+        run.config = cfg.model_copy(update={"method": run.plan["method"], "config": run.plan["config"]})
+    return run
+
+
+def compress_args(request: DeployRequest, run: Run) -> tuple:
+    return run.config, run.teacher["path"], request.data, request.cache_dir, request.model
+
+
+def package(request: DeployRequest, run: Run) -> str:
+    """Compact, export, validate and benchmark into a staging folder, then publish it as the artifact."""
+    cfg, ref, teacher = run.config, request.data, run.teacher
     max_length = model_max_length(cfg)  # of the planned configuration: planning may drop the training stages
-    compressed = timed("compress", stage_tasks.compress, cfg, teacher["path"], ref, request.cache_dir, request.model)
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
-        compaction = timed(
+        compaction = run.timed(
             "compact",
             stage_tasks.compact,
-            compressed["path"],
+            run.compressed["path"],
             ref,
             str(staging / "pytorch"),
             cfg.gates.compaction_atol,
             max_length,
         )
-        exported = timed(
+        exported = run.timed(
             "export",
             stage_tasks.export_models,
             str(staging),
@@ -64,7 +95,7 @@ def deploy(request: DeployRequest) -> str:
             cfg.export,
             max_length,
         )
-        validation = timed(
+        validation = run.timed(
             "validate",
             stage_tasks.validate_models,
             str(staging),
@@ -74,22 +105,22 @@ def deploy(request: DeployRequest) -> str:
             max_length,
             cfg.teacher.max_length,
         )
-        speed = timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
+        speed = run.timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
         report = {
             "task": cfg.task,
             "method": cfg.method,
             "requested_method": request.config.method,
-            "plan": plan,
-            "data": data,
+            "plan": run.plan,
+            "data": run.data,
             "teacher": teacher,
-            "compress": compressed,
+            "compress": run.compressed,
             "compaction": compaction,
             "export": exported,
             "validation": validation,
             "speed": speed,
-            "timings": timings,
+            "timings": run.timings,
         }
-        inputs = {"model": request.model, "teacher": teacher["path"], "data": data}
+        inputs = {"model": request.model, "teacher": teacher["path"], "data": run.data}
         report_to_prefect({**report, "artifact": published_name(staging)})
         # publishing is the last step: nothing after it can fail the run
         final = stage_tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))

@@ -1,4 +1,4 @@
-"""Command line: `pipeline deploy`, `pipeline serve`, `pipeline methods`, `pipeline tasks`.
+"""Command line: `pipeline deploy`, `pipeline sweep`, `pipeline serve`, `pipeline methods`, `pipeline tasks`.
 
 Heavy imports (torch, transformers, Prefect) happen inside the commands, so `pipeline --help` stays fast.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -117,6 +118,93 @@ def deploy(
     except PipelineError as e:
         _fail(e, 2)
     typer.echo(path)
+
+
+@app.command()
+def sweep(
+    sweep_file: Annotated[str, typer.Argument(help="Sweep YAML: task, data_dir, runs and/or grid (see the README).")],
+    output: Annotated[
+        str, typer.Option(help="Folder for the artifacts, pareto.json, pareto.png, `selected`.")
+    ] = "sweep",
+    max_metric_drop: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Select the fastest artifact within this many absolute points of the teacher's task metric "
+            "on the validation split; exit 1 when none is.",
+        ),
+    ] = None,
+    dask_address: Annotated[
+        str | None, typer.Option(help="An existing Dask scheduler (tcp://host:8786); default: a local cluster.")
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, help="Local cluster: worker processes training at once.")] = 2,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key in every run.")] = None,
+    cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and compressed models.")] = None,
+) -> None:
+    """Deploy every run of a sweep file (training in parallel on Dask), then report the Pareto front and select."""
+    _setup_logging()
+    from pipeline.errors import PipelineError
+    from pipeline.sweep import load_sweep
+
+    try:
+        _, runs = load_sweep(sweep_file, str(Path(output).resolve()), cache_dir, list(set_ or []))
+        runner = _dask_runner(dask_address, workers)
+    except PipelineError as e:
+        _fail(e, 2)
+    _prefect_defaults()
+    from flows.sweep import sweep as sweep_flow
+
+    try:
+        result = sweep_flow.with_options(task_runner=runner)(
+            [label for label, _ in runs], [r for _, r in runs], str(Path(output).resolve()), max_metric_drop
+        )
+    except PipelineError as e:
+        _fail(e, 2)
+    from export.pareto import pareto_rows
+
+    for row in pareto_rows(result):
+        mark = "*" if row["selected"] else ("p" if row["pareto"] else " ")
+        typer.echo(
+            f"{mark} {row['run']:<40} validation {row['validation']:6.2f}  dev {row['dev']!s:>6}  "
+            f"{row['speedup']:5.2f}x ({row['vs_dense_int8']:.2f}x vs dense int8)  {row['size_mb']!s:>6} MB  "
+            f"{row['artifact']}",
+            err=True,
+        )
+    if result["failed"]:
+        typer.echo(f"{len(result['failed'])} run(s) failed; see {Path(output) / 'pareto.json'}", err=True)
+    if not any(p["artifact"] for p in result["points"]):
+        _fail(PipelineError("no run of the sweep produced an artifact"), 1)
+    if max_metric_drop is not None and result["selected"] is None:
+        _fail(
+            PipelineError(
+                f"no artifact is within {max_metric_drop} points of the teacher's validation {result['metric']}; "
+                "nothing selected"
+            ),
+            1,
+        )
+    typer.echo(result["selected"] or Path(output).resolve())
+
+
+def _dask_runner(address: str | None, workers: int):
+    """prefect-dask's runner: the scheduler at `address` (checked now), else a local cluster of `workers` processes
+    with one thread each (a cluster object would be dropped when the flow engine duplicates the runner; settings
+    are not)."""
+    from prefect_dask import DaskTaskRunner
+
+    from pipeline.errors import PipelineError
+
+    if address is None:
+        env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}  # one core per training run
+        return DaskTaskRunner(
+            cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True, "env": env}
+        )
+    from distributed import Client
+
+    try:
+        Client(address, timeout=10).close()
+    except (OSError, TimeoutError, ValueError) as e:
+        raise PipelineError(f"cannot reach the Dask scheduler at {address}: {e}") from None
+    return DaskTaskRunner(address=address)
 
 
 @app.command(

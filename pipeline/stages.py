@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -104,7 +106,13 @@ def compress(
         out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base_model if i == 0 else None)
         stages.append(out)
     last = stages[-1]
-    return {**last, "cached": all(s["cached"] for s in stages), "method": config.method, "stages": stages}
+    return {
+        **last,
+        "cached": all(s["cached"] for s in stages),
+        "method": config.method,
+        "stages": stages,
+        "ran_on": f"{socket.gethostname()} pid {os.getpid()}",  # a sweep's runs train on Dask workers
+    }
 
 
 def _compress_one(
