@@ -6,6 +6,7 @@ A failed gate raises `GateError`; the flow then discards the staging folder, so 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -101,3 +102,28 @@ def validate(
     if failures:
         raise GateError("validation failed: " + "; ".join(failures))
     return report
+
+
+def evaluate_artifact(artifact: Path, data_dir: str, split: str, max_examples: int | None = None) -> dict:
+    """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
+    as the artifact was validated (its report's max_length)."""
+    from pipeline.data.loaders import resolve_source
+    from pipeline.data.tasks import get_task
+    from pipeline.errors import PipelineError
+
+    report_file = Path(artifact) / "report.json"
+    if not report_file.is_file():
+        raise PipelineError(f"{artifact} is not an artifact folder (no report.json)")
+    if split not in ("train", "validation", "dev"):
+        raise PipelineError(f"unknown split {split!r}: train, validation or dev")
+    report = json.loads(report_file.read_text())
+    task = get_task(report["task"])
+    ref = DataRef(task.name, resolve_source(task, data_dir, False), str(Path(data_dir).resolve()))
+    data = getattr(ref.load(), split)
+    if max_examples:
+        data = type(data)(data.texts[:max_examples], data.labels[:max_examples])
+    enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
+    graphs = {"onnx_fp32": "model.onnx", "onnx_int8": "model.int8.onnx"}
+    metrics = {name: scores(onnx_logits(Path(artifact) / f, enc), enc.labels) for name, f in graphs.items()}
+    return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(enc),
+            "metric": task.metric, "metrics": metrics}  # fmt: skip

@@ -3,14 +3,18 @@
 `plan` runs for a speed target only: it measures the latency table and rewrites the method configuration to the
 planned shape, which the later stages then see as if the recipe had said it.
 
-It only sequences tasks (`flows.stage_tasks`), in three steps the sweep flow reuses: `prepare` (data, teacher,
-plan), compress, `package` (everything after compress). Every stage after `compress` writes into a hidden staging
-folder that is renamed into place when all gates have passed, and removed on any failure.
+It only sequences tasks (`flows.stage_tasks`) through named steps over one `Run` (the planned config and the small
+reports of finished stages): `prepare` (data, teacher, plan), `compress`, then `STEPS` (compact, export, validate,
+bench) into a folder, then `publish`. The flow runs them all into a hidden staging folder that is renamed into
+place when every gate has passed and removed on any failure; the sweep flow reuses the same pieces; `pipeline
+compress|compact|export|validate|bench|package` run one step each over a work folder that keeps the Run on disk.
 """
 
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,42 +24,69 @@ from export.report import latency_rows, render_markdown
 from flows import stage_tasks
 from pipeline.compress.registry import model_max_length
 from pipeline.config.schema import DeployConfig
+from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest
 
 log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
 
 
 @flow(name="deploy", log_prints=True)
 def deploy(request: DeployRequest) -> str:
     """Compress, compact, export, validate, benchmark and package; returns the artifact folder."""
     run = prepare(request)
-    run.compressed = run.timed("compress", stage_tasks.compress, *compress_args(request, run))
+    compress(request, run)
     return package(request, run)
 
 
 @dataclass
 class Run:
-    """One deploy's state between the stages: the (planned) config and the small reports of finished stages."""
+    """One deploy's state between the stages: the (planned) config and the small reports of finished stages.
+
+    `plain` calls the stage functions directly instead of as Prefect tasks (the per-stage commands, which run
+    outside any flow and need no Prefect server)."""
 
     config: DeployConfig
-    data: dict
-    teacher: dict
-    plan: dict | None
+    data: dict = field(default_factory=dict)
+    teacher: dict = field(default_factory=dict)
+    plan: dict | None = None
     compressed: dict | None = None
+    reports: dict = field(default_factory=dict)  # compaction, export, validation, speed
     timings: dict = field(default_factory=dict)
+    plain: bool = False
 
-    def timed(self, name: str, fn, *args):
+    def timed(self, name: str, task, *args):
         start = time.perf_counter()
-        result = fn(*args)
+        result = task.fn(*args) if self.plain else task(*args)
         self.timings[name] = round(time.perf_counter() - start, 1)
         return result
 
+    def save(self, request: DeployRequest, folder: Path) -> None:
+        state = {
+            **asdict(self),
+            "config": self.config.model_dump(mode="json"),
+            "request": request.model_dump(mode="json"),
+        }
+        state.pop("plain")
+        tmp = folder / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=2, default=str))
+        tmp.replace(folder / STATE_FILE)
 
-def prepare(request: DeployRequest) -> Run:
-    """Data, teacher and (for a speed target) the plan, which rewrites the method config to the planned shape;
-    the later stages then see it as if the recipe had said it."""
+    @classmethod
+    def load(cls, folder: Path) -> "tuple[DeployRequest, Run]":
+        path = Path(folder) / STATE_FILE
+        if not path.is_file():
+            raise PipelineError(f"{folder} is not a work folder of `pipeline compress` (no {STATE_FILE})")
+        state = json.loads(path.read_text())
+        request = DeployRequest.model_validate(state.pop("request"))
+        return request, cls(**{**state, "config": DeployConfig.model_validate(state["config"]), "plain": True})
+
+
+def prepare(request: DeployRequest, plain: bool = False) -> Run:
+    """Data, teacher and (for a speed target) the plan, which rewrites the method config to the planned shape."""
     cfg, ref = request.config, request.data
-    run = Run(cfg, {}, {}, None)
+    run = Run(cfg, plain=plain)
     run.data = run.timed("data", stage_tasks.describe_data, ref)
     run.teacher = run.timed(
         "teacher", stage_tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
@@ -70,64 +101,100 @@ def compress_args(request: DeployRequest, run: Run) -> tuple:
     return run.config, run.teacher["path"], request.data, request.cache_dir, request.model
 
 
+def compress(request: DeployRequest, run: Run) -> None:
+    run.compressed = run.timed("compress", stage_tasks.compress, *compress_args(request, run))
+
+
+def _max_length(run: Run) -> int:
+    return model_max_length(run.config)  # of the planned configuration: planning may drop the training stages
+
+
+def compact(request: DeployRequest, run: Run, folder: Path) -> None:
+    cfg = run.config
+    run.reports["compaction"] = run.timed(
+        "compact",
+        stage_tasks.compact,
+        run.compressed["path"],
+        request.data,
+        str(folder / "pytorch"),
+        cfg.gates.compaction_atol,
+        _max_length(run),
+    )
+
+
+def export(request: DeployRequest, run: Run, folder: Path) -> None:
+    run.reports["export"] = run.timed(
+        "export",
+        stage_tasks.export_models,
+        str(folder),
+        run.teacher["path"],
+        request.cache_dir,
+        request.data,
+        run.config.export,
+        _max_length(run),
+    )
+
+
+def validate(request: DeployRequest, run: Run, folder: Path) -> None:
+    cfg = run.config
+    run.reports["validation"] = run.timed(
+        "validate",
+        stage_tasks.validate_models,
+        str(folder),
+        run.teacher["path"],
+        request.data,
+        cfg.gates,
+        _max_length(run),
+        cfg.teacher.max_length,
+    )
+
+
+def bench(request: DeployRequest, run: Run, folder: Path) -> None:
+    run.reports["speed"] = run.timed(
+        "benchmark", stage_tasks.measure_speed, str(folder), run.teacher["path"], run.config.bench
+    )
+
+
+# after compress, in order; each needs the ones before it (the key is what it leaves in `run.reports`)
+STEPS = {"compaction": compact, "export": export, "validation": validate, "speed": bench}
+
+
+def report_of(request: DeployRequest, run: Run) -> dict:
+    cfg = run.config
+    return {
+        "task": cfg.task,
+        "method": cfg.method,
+        "requested_method": request.config.method,
+        "plan": run.plan,
+        "data": run.data,
+        "teacher": run.teacher,
+        "compress": run.compressed,
+        **run.reports,
+        "timings": run.timings,
+    }
+
+
+def publish(request: DeployRequest, run: Run, staging: Path) -> str:
+    """Write report and manifest and rename the staging folder into place: the last step, nothing after it fails."""
+    report = report_of(request, run)
+    inputs = {"model": request.model, "teacher": run.teacher["path"], "data": run.data}
+    if not run.plain:
+        report_to_prefect({**report, "artifact": published_name(staging)})
+    publish_fn = stage_tasks.publish.fn if run.plain else stage_tasks.publish
+    return str(publish_fn(str(staging), report, inputs, run.config.model_dump(mode="json")))
+
+
 def package(request: DeployRequest, run: Run) -> str:
-    """Compact, export, validate and benchmark into a staging folder, then publish it as the artifact."""
-    cfg, ref, teacher = run.config, request.data, run.teacher
-    max_length = model_max_length(cfg)  # of the planned configuration: planning may drop the training stages
+    """Every step after compress into a new staging folder, then publish it as the artifact."""
+    cfg = run.config
     staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
-        compaction = run.timed(
-            "compact",
-            stage_tasks.compact,
-            run.compressed["path"],
-            ref,
-            str(staging / "pytorch"),
-            cfg.gates.compaction_atol,
-            max_length,
-        )
-        exported = run.timed(
-            "export",
-            stage_tasks.export_models,
-            str(staging),
-            teacher["path"],
-            request.cache_dir,
-            ref,
-            cfg.export,
-            max_length,
-        )
-        validation = run.timed(
-            "validate",
-            stage_tasks.validate_models,
-            str(staging),
-            teacher["path"],
-            ref,
-            cfg.gates,
-            max_length,
-            cfg.teacher.max_length,
-        )
-        speed = run.timed("benchmark", stage_tasks.measure_speed, str(staging), teacher["path"], cfg.bench)
-        report = {
-            "task": cfg.task,
-            "method": cfg.method,
-            "requested_method": request.config.method,
-            "plan": run.plan,
-            "data": run.data,
-            "teacher": teacher,
-            "compress": run.compressed,
-            "compaction": compaction,
-            "export": exported,
-            "validation": validation,
-            "speed": speed,
-            "timings": run.timings,
-        }
-        inputs = {"model": request.model, "teacher": teacher["path"], "data": run.data}
-        report_to_prefect({**report, "artifact": published_name(staging)})
-        # publishing is the last step: nothing after it can fail the run
-        final = stage_tasks.publish(str(staging), report, inputs, cfg.model_dump(mode="json"))
+        for step in STEPS.values():
+            step(request, run, staging)
+        return publish(request, run, staging)
     except BaseException:
         discard(staging)
         raise
-    return str(final)
 
 
 def report_to_prefect(report: dict) -> None:

@@ -1,13 +1,16 @@
-"""Command line: `pipeline deploy`, `pipeline sweep`, `pipeline serve`, `pipeline methods`, `pipeline tasks`.
+"""Command line: `pipeline deploy`, `schedule`, `sweep`, `serve`, `methods`, `tasks`.
 
 Heavy imports (torch, transformers, Prefect) happen inside the commands, so `pipeline --help` stays fast.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +32,7 @@ def _setup_logging() -> None:
     for name in ("pipeline", "export", "flows"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.INFO)
-        logger.addHandler(handler)
+        logger.handlers = [handler]  # not added: a second command in one process (tests) logs once, to today's stderr
         logger.propagate = False
 
 
@@ -78,34 +81,12 @@ def deploy(
     cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and compressed models.")] = None,
 ) -> None:
     """Compress a model for a task and write a validated, benchmarked ONNX artifact."""
-    overrides = list(set_ or [])
-    for key, value in (
-        ("teacher.max_steps", teacher_steps),
-        ("config.train.max_steps", steps),
-        ("data.max_train", max_train),
-        ("data.max_dev", max_dev),
-        ("bench.max_runs", bench_runs),
-        ("target.speedup", target_speedup),
-    ):
-        if value is not None:
-            overrides.append(f"{key}={value}")
+    options = dict(locals())
     _setup_logging()
     from pipeline.errors import GateError, PipelineError
-    from pipeline.request import prepare_request
 
     try:
-        request = prepare_request(
-            method,
-            task,
-            model=model,
-            teacher=teacher,
-            data_dir=data_dir,
-            hub=hub,
-            output_dir=output,
-            cache_dir=cache_dir,
-            recipe=recipe,
-            overrides=overrides,
-        )
+        request = _request(**options)
     except PipelineError as e:
         _fail(e, 2)
     _prefect_defaults()
@@ -118,6 +99,216 @@ def deploy(
     except PipelineError as e:
         _fail(e, 2)
     typer.echo(path)
+
+
+def _request(
+    method, task, *, set_, teacher_steps, steps, max_train, max_dev, bench_runs, target_speedup, output, **kw
+):
+    """The checked DeployRequest for `deploy`'s options (shortcut options become recipe overrides)."""
+    from pipeline.request import prepare_request
+
+    overrides = list(set_ or [])
+    for key, value in (
+        ("teacher.max_steps", teacher_steps),
+        ("config.train.max_steps", steps),
+        ("data.max_train", max_train),
+        ("data.max_dev", max_dev),
+        ("bench.max_runs", bench_runs),
+        ("target.speedup", target_speedup),
+    ):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)
+
+
+def with_deploy_options(fn):
+    """Give `fn` every option of `deploy` before its own (typer reads the signature), so `pipeline schedule`
+    takes any deploy option without a second copy of the list."""
+
+    def resolved(f):  # this module's annotations are strings (`from __future__ import annotations`)
+        hints = typing.get_type_hints(f, include_extras=True)
+        return [
+            p.replace(annotation=hints[p.name])
+            for p in inspect.signature(f).parameters.values()
+            if p.kind is not p.VAR_KEYWORD
+        ]
+
+    fn.__signature__ = inspect.Signature([*resolved(deploy), *resolved(fn)])
+    return fn
+
+
+@app.command()
+@with_deploy_options
+def schedule(
+    cron: Annotated[str | None, typer.Option(help="Cron expression, e.g. '0 3 * * *' (03:00 daily).")] = None,
+    interval: Annotated[float | None, typer.Option(min=1, help="Run every this many seconds instead.")] = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name; default: TASK-METHOD.")] = None,
+    work_pool: Annotated[
+        str | None,
+        typer.Option(
+            help="Register the deployment on this Prefect work pool (run by `prefect worker start`) "
+            "instead of serving it from this process."
+        ),
+    ] = None,
+    timezone: Annotated[str | None, typer.Option(help="Time zone of the cron expression (default UTC).")] = None,
+    **options,
+) -> None:
+    """Run `deploy` on a schedule against a Prefect server (PREFECT_API_URL): served from this process until
+    stopped, or registered on a work pool for a worker. Takes every `deploy` option."""
+    _setup_logging()
+    from flows.schedule import check_prefect_api, make_schedule
+    from pipeline.errors import PipelineError
+
+    try:
+        when = make_schedule(cron, interval, timezone)
+        request = _request(**options)
+        api = check_prefect_api()
+    except PipelineError as e:
+        _fail(e, 2)
+    _prefect_defaults()
+    from flows.deploy import deploy as deploy_flow
+
+    name = name or f"{request.config.task}-{request.config.method}"
+    parameters = {"request": request.model_dump(mode="json")}
+    if work_pool:
+        from flows.schedule import register_on_pool
+
+        try:
+            register_on_pool(deploy_flow, name, when, parameters, work_pool)
+        except PipelineError as e:
+            _fail(e, 2)
+        typer.echo(
+            f"deployment deploy/{name} on work pool {work_pool} ({api}); run: prefect worker start --pool {work_pool}"
+        )
+        return
+    typer.echo(f"serving deploy/{name} on {api}; Ctrl-C stops (and pauses the schedule)", err=True)
+    # one run at a time: overlapping runs would share the cores, and benchmarks must run alone
+    deploy_flow.serve(name=name, schedule=when, parameters=parameters, limit=1)
+
+
+@app.command("compress")
+@with_deploy_options
+def compress_stage(
+    work: Annotated[
+        str, typer.Option(help="Work folder for this run's stages (created; must not exist yet).")
+    ] = "work",
+    **options,
+) -> None:
+    """Stage 1 by hand: data, teacher, plan and compression into a WORK folder (then compact, export, validate,
+    bench, package over it). Takes every `deploy` option; the compressed model stays in the cache."""
+    _setup_logging()
+    from flows import deploy as steps
+    from pipeline.errors import PipelineError
+
+    work_dir = Path(work)
+    try:
+        if work_dir.exists() and any(work_dir.iterdir()):
+            raise PipelineError(f"work folder {work_dir} exists and is not empty")
+        request = _request(**options)
+        run = steps.prepare(request, plain=True)
+        steps.compress(request, run)
+    except PipelineError as e:
+        _fail(e, 2)
+    (work_dir / ".work").mkdir(parents=True, exist_ok=True)  # the dense graphs, as in a staging folder
+    run.save(request, work_dir)
+    typer.echo(work_dir.resolve())
+
+
+STAGE_KEYS = {"compact": "compaction", "export": "export", "validate": "validation", "bench": "speed"}  # -> report
+
+
+def _stage(name: str, doc: str) -> None:
+    """Register `pipeline NAME WORK`: one step of the deploy flow over a work folder, with deploy's gates."""
+
+    def command(work: Annotated[str, typer.Argument(help="Work folder made by `pipeline compress`.")]) -> None:
+        _setup_logging()
+        from flows import deploy as steps
+        from pipeline.errors import GateError, PipelineError
+
+        work_dir = Path(work)
+        key, order = STAGE_KEYS[name], list(steps.STEPS)
+        try:
+            request, run = steps.Run.load(work_dir)
+            missing = [k for k in order[: order.index(key)] if k not in run.reports]
+            if missing:
+                first = next(cmd for cmd, k in STAGE_KEYS.items() if k == missing[0])
+                raise PipelineError(f"{work_dir}: run `pipeline {first} {work}` first")
+            before = set(work_dir.rglob("*"))
+            for stale in order[order.index(key) :]:  # this step and the ones after it are redone from here on
+                run.reports.pop(stale, None)
+            try:
+                steps.STEPS[key](request, run, work_dir)
+            except BaseException:  # nothing half-written: the files this step made go, and it counts as not done
+                for p in sorted(set(work_dir.rglob("*")) - before, reverse=True):
+                    p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+                run.save(request, work_dir)
+                raise
+        except GateError as e:
+            _fail(e, 1)
+        except PipelineError as e:
+            _fail(e, 2)
+        run.save(request, work_dir)
+        typer.echo(json.dumps(run.reports[key], default=str)[:2000] if name != "compact" else work_dir.resolve())
+
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+_stage("compact", "Stage 2 by hand: remove pruned units from the compressed model into WORK/pytorch, proven exact.")
+_stage("export", "Stage 3 by hand: fused fp32 and int8 ONNX graphs of WORK/pytorch (and of the dense teacher).")
+_stage("validate", "Stage 4 by hand: parity and accuracy gates on the validation split; dev reported.")
+_stage("bench", "Stage 5 by hand: ONNX Runtime latency of dense and compressed graphs, interleaved.")
+
+
+@app.command("package")
+def package_stage(
+    work: Annotated[str, typer.Argument(help="Work folder that passed `pipeline bench`.")],
+    output: Annotated[
+        str | None, typer.Option(help="Folder that receives the artifact; default: compress's --output.")
+    ] = None,
+) -> None:
+    """Stage 6 by hand: publish the work folder as an artifact (report, manifest) in one rename."""
+    _setup_logging()
+    import shutil
+
+    from export.package import artifact_name, discard, new_staging
+    from flows import deploy as steps
+    from pipeline.errors import PipelineError
+
+    try:
+        request, run = steps.Run.load(Path(work))
+        if "speed" not in run.reports:
+            raise PipelineError(f"{work}: run `pipeline bench {work}` first")
+        cfg = run.config
+        staging = new_staging(output or request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
+        try:
+            shutil.copytree(work, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(steps.STATE_FILE, ".*"))
+            final = steps.publish(request, run, staging)
+        except BaseException:
+            discard(staging)
+            raise
+    except PipelineError as e:
+        _fail(e, 2)
+    typer.echo(final)
+
+
+@app.command()
+def evaluate(
+    artifact: Annotated[str, typer.Argument(help="A published artifact folder.")],
+    data_dir: Annotated[str, typer.Option(help="Labelled data of the artifact's task (GLUE TSV folder).")],
+    split: Annotated[str, typer.Option(help="train, validation (carved from train as the run did) or dev.")] = "dev",
+    max_examples: Annotated[int | None, typer.Option(min=1, help="Score at most N examples.")] = None,
+) -> None:
+    """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON."""
+    from pipeline.errors import PipelineError
+
+    try:
+        from export.validate import evaluate_artifact
+
+        result = evaluate_artifact(Path(artifact), data_dir, split, max_examples)
+    except PipelineError as e:
+        _fail(e, 2)
+    typer.echo(json.dumps(result, indent=2))
 
 
 @app.command()

@@ -1,0 +1,67 @@
+"""Scheduled deploys: the deploy flow served on a cron or interval schedule, or registered on a work pool.
+
+Both need a real Prefect server (PREFECT_API_URL): the ephemeral one `pipeline deploy` starts runs no scheduler,
+so a schedule on it would never fire. Prefect 3.8.8 also needs SQLAlchemy < 2.1 to create scheduled runs at
+all (pinned in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+
+from pydantic import ValidationError
+
+from pipeline.errors import PipelineError
+
+
+def make_schedule(cron: str | None, interval: float | None, timezone: str | None = None):
+    """A Prefect schedule from exactly one of `cron` and `interval` (seconds); a bad expression fails in one line."""
+    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
+
+    if (cron is None) == (interval is None):
+        raise PipelineError("give exactly one of --cron EXPR and --interval SECONDS")
+    try:
+        if cron is not None:
+            return CronSchedule(cron=cron, timezone=timezone or "UTC")
+        return IntervalSchedule(interval=dt.timedelta(seconds=interval), timezone=timezone)
+    except ValidationError as e:
+        msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+        raise PipelineError(f"invalid schedule {cron if cron is not None else interval!r}: {msg}") from None
+
+
+def check_prefect_api(timeout: float = 10.0) -> str:
+    """The Prefect API URL, after a health check; one line when it is unset or does not answer."""
+    import httpx
+
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        from prefect.settings import PREFECT_API_URL
+
+        url = PREFECT_API_URL.value()
+    if not url:
+        raise PipelineError(
+            "scheduling needs a Prefect server: start one (prefect server start) and set PREFECT_API_URL, "
+            "e.g. http://127.0.0.1:4200/api"
+        )
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout).raise_for_status()
+    except httpx.HTTPError as e:
+        raise PipelineError(f"cannot reach the Prefect API at {url}: {e}") from None
+    return url
+
+
+def register_on_pool(flow, name: str, schedule, parameters: dict, work_pool: str) -> None:
+    """Register `flow` as a deployment on `work_pool`, by module path (the package is installed where the worker
+    runs, so there is no code to upload)."""
+    from prefect import deploy
+    from prefect.deployments.runner import EntrypointType
+    from prefect.exceptions import ObjectNotFound
+
+    deployment = flow.to_deployment(
+        name, schedule=schedule, parameters=parameters, entrypoint_type=EntrypointType.MODULE_PATH
+    )
+    try:
+        deploy(deployment, work_pool_name=work_pool, build=False, push=False, print_next_steps_message=False)
+    except (ObjectNotFound, ValueError) as e:
+        raise PipelineError(f"cannot register on work pool {work_pool!r}: {e}") from None

@@ -1,0 +1,121 @@
+"""Scheduled deploys against a real Prefect server: `prefect server start` in a subprocess (the test harness's
+ephemeral server runs no scheduler), `pipeline schedule --interval` serving the deploy flow, and a scheduled run
+picked up and completed with its artifact. Plus the refusals, which stop before any server is contacted."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from tests.helpers import LOOSE_GATES, QUICK_BENCH, assert_one_line_error, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A real Prefect server on loopback with its scheduler looping every 2 s; yields the environment to reach it."""
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return server.poll() is not None
+
+    try:
+        wait_until(healthy, timeout=180)
+        assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        yield env
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+def test_a_scheduled_deploy_runs_on_its_own_and_publishes_an_artifact(prefect_server, classifier_dirs, tmp_path):
+    env, out = prefect_server, tmp_path / "out"
+    env = {**env, "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["--method", "mlp_fusion", "--task", "sst2", "--teacher", str(classifier_dirs["bert"]), "--steps", "2",
+            "--max-train", "200", "--max-dev", "32", "--output", str(out), *LOOSE_GATES, *QUICK_BENCH]  # fmt: skip
+    log = tmp_path / "schedule.log"
+    with log.open("w") as f:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "schedule", *args, "--interval", "5", "--name", "every-5s"],
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    api = env["PREFECT_API_URL"]
+    try:
+        wait_until(lambda: list(out.glob("*/manifest.json")) or served.poll() is not None, timeout=420)
+        assert served.poll() is None, log.read_text()[-4000:]
+        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
+        done = [r for r in runs if r["state_type"] == "COMPLETED"]
+        assert done, [(r["name"], r["state_type"]) for r in runs]
+        # created by the server's scheduler, not by hand, for the deployment this command registered
+        assert all(r["auto_scheduled"] for r in done)
+        deployment = httpx.get(f"{api}/deployments/{done[0]['deployment_id']}", timeout=10).json()
+        assert deployment["name"] == "every-5s"
+        assert deployment["schedules"][0]["schedule"]["interval"] == 5.0
+    finally:
+        os.killpg(served.pid, signal.SIGINT)  # stops serving and pauses the schedule
+        try:
+            served.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(served.pid, signal.SIGKILL)
+    [artifact] = [p.parent for p in out.glob("*/manifest.json")][:1]
+    assert (artifact / "model.int8.onnx").is_file() and (artifact / "report.json").is_file()
+    paused = httpx.get(f"{api}/deployments/{done[0]['deployment_id']}", timeout=10).json()
+    assert paused["paused"]  # no runs pile up while nothing serves them
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "needle"),
+    [
+        (["--cron", "every day"], {}, "invalid schedule 'every day'"),
+        (["--cron", "0 3 * * *", "--interval", "60"], {}, "give exactly one of --cron EXPR and --interval SECONDS"),
+        ([], {}, "give exactly one of --cron EXPR and --interval SECONDS"),
+        (["--interval", "60"], {"PREFECT_API_URL": ""}, "scheduling needs a Prefect server"),
+        (["--interval", "60"], {"PREFECT_API_URL": "http://127.0.0.1:9/api"}, "cannot reach the Prefect API at"),
+        (["--interval", "60", "--set", "config.ratio=2"], {}, "invalid mlp_fusion config: ratio"),
+    ],
+)
+def test_a_bad_schedule_is_one_line(monkeypatch, tmp_path, extra, env, needle):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    data = Path(__file__).parents[1] / "pipeline" / "data" / "samples" / "sst2"
+    args = ["schedule", "--method", "mlp_fusion", "--task", "sst2", "--data-dir", str(data), *extra]
+    assert_one_line_error(CliRunner().invoke(app, args), needle)  # before any server or flow is contacted
