@@ -31,6 +31,8 @@ def unit(module: str) -> str:
     if parts[0] in ("export", "flows", "serving"):
         return parts[0]
     sub = parts[1] if len(parts) > 1 else ""
+    if sub == "sweep":  # a sweep file is many deploy requests: it sits with `request`
+        return "request"
     if sub in ("config", "data", "models", "train", "compress", "stages", "request", "cli"):
         return sub
     return "base"  # pipeline/__init__, errors, cache
