@@ -10,7 +10,6 @@ Pareto report and the pick.
 A run that fails (a gate, a bad plan) is reported as failed; the others go on.
 """
 
-
 import logging
 from pathlib import Path
 
