@@ -213,7 +213,9 @@ class Gates(FrozenModel):
     onnx_atol: float = 1e-4
     int8_max_drop: float = Field(1.0, ge=0, description="points of accuracy int8 may lose against ONNX fp32")
     max_metric_drop: float = Field(
-        3.0, ge=0, description="points of the task's metric the compressed model may lose against its teacher on dev"
+        3.0,
+        ge=0,
+        description="points of the task's metric the compressed model may lose against its teacher (validation split)",
     )
 
 
