@@ -156,6 +156,7 @@ def schedule(
     """Run `deploy` on a schedule against a Prefect server (PREFECT_API_URL): served from this process until
     stopped, or registered on a work pool for a worker. Takes every `deploy` option."""
     _setup_logging()
+    _prefect_defaults()
     from flows.schedule import check_prefect_api, make_schedule
     from pipeline.errors import PipelineError
 
@@ -165,7 +166,6 @@ def schedule(
         api = check_prefect_api()
     except PipelineError as e:
         _fail(e, 2)
-    _prefect_defaults()
     from flows.deploy import deploy as deploy_flow
 
     name = name or f"{request.config.task}-{request.config.method}"
@@ -334,6 +334,7 @@ def sweep(
 ) -> None:
     """Deploy every run of a sweep file (training in parallel on Dask), then report the Pareto front and select."""
     _setup_logging()
+    _prefect_defaults()  # before prefect_dask imports Prefect
     from pipeline.errors import PipelineError
     from pipeline.sweep import load_sweep
 
@@ -342,7 +343,6 @@ def sweep(
         runner = _dask_runner(dask_address, workers)
     except PipelineError as e:
         _fail(e, 2)
-    _prefect_defaults()
     from flows.sweep import sweep as sweep_flow
 
     try:
