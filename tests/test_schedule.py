@@ -82,9 +82,13 @@ def test_a_scheduled_deploy_runs_on_its_own_and_publishes_an_artifact(prefect_se
     try:
         wait_until(lambda: list(out.glob("*/manifest.json")) or served.poll() is not None, timeout=420)
         assert served.poll() is None, log.read_text()[-4000:]
-        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
-        done = [r for r in runs if r["state_type"] == "COMPLETED"]
-        assert done, [(r["name"], r["state_type"]) for r in runs]
+        completed = {"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}}
+
+        def finished() -> list[dict]:  # the artifact is published a moment before its run's state is Completed
+            return httpx.post(f"{api}/flow_runs/filter", json=completed, timeout=10).json()
+
+        wait_until(finished, timeout=120)
+        done = finished()
         # created by the server's scheduler, not by hand, for the deployment this command registered
         assert all(r["auto_scheduled"] for r in done)
         deployment = httpx.get(f"{api}/deployments/{done[0]['deployment_id']}", timeout=10).json()
