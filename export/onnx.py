@@ -228,7 +228,6 @@ def export_stage(
     of `ref`, tokenised at `max_length`.
     """
     from pipeline.data.encoding import encode
-    from pipeline.data.loaders import Split
     from pipeline.models.folders import load_tokenizer
     from pipeline.models.io import load_model
 
@@ -237,8 +236,7 @@ def export_stage(
     tokenizer = load_tokenizer(compact_dir)
     calibration = None
     if settings.int8 == "static":
-        train, n = ref.load().train, settings.calibration
-        calibration = encode(tokenizer, Split(train.texts[:n], train.labels[:n]), max_length).features
+        calibration = encode(tokenizer, ref.load().train.head(settings.calibration), max_length).features
     report = {
         "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
     }

@@ -119,9 +119,7 @@ def evaluate_artifact(artifact: Path, data_dir: str, split: str, max_examples: i
     report = json.loads(report_file.read_text())
     task = get_task(report["task"])
     ref = DataRef(task.name, resolve_source(task, data_dir, False), str(Path(data_dir).resolve()))
-    data = getattr(ref.load(), split)
-    if max_examples:
-        data = type(data)(data.texts[:max_examples], data.labels[:max_examples])
+    data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
     graphs = {"onnx_fp32": "model.onnx", "onnx_int8": "model.int8.onnx"}
     metrics = {name: scores(onnx_logits(Path(artifact) / f, enc), enc.labels) for name, f in graphs.items()}

@@ -20,7 +20,7 @@ from pipeline.compress.context import StageContext
 from pipeline.compress.registry import Method, chain_configs
 from pipeline.config.schema import DeployConfig, MethodConfig, TrainConfig
 from pipeline.data.encoding import encode, encode_task
-from pipeline.data.loaders import DataRef, Split, TaskData
+from pipeline.data.loaders import DataRef, TaskData
 from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.io import load_base_model, load_model, save_model
@@ -178,7 +178,7 @@ def compact(
     tokenizer = load_tokenizer(compressed_dir)
     model = load_model(compressed_dir)
     split = ref.load().validation
-    inputs = encode(tokenizer, Split(split.texts[:max_examples], split.labels[:max_examples]), max_length)
+    inputs = encode(tokenizer, split.head(max_examples), max_length)
     before = predict_logits(model, inputs)
     report = compact_(model)
     after = predict_logits(model, inputs)

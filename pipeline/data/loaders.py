@@ -43,6 +43,10 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def head(self, n: int | None) -> Split:
+        """The first `n` examples (all of them for None)."""
+        return Split(self.texts[:n], self.labels[:n])
+
 
 def _split_digest(h, split: Split) -> None:
     for text, label in zip(split.texts, split.labels, strict=True):
