@@ -11,10 +11,11 @@ import logging
 from pathlib import Path
 
 from export.parity import ParityReport, compare_logits, onnx_logits
-from pipeline.config.schema import Gates
+from pipeline.config.schema import DataLimits, Gates
 from pipeline.data.encoding import encode
-from pipeline.data.loaders import DataRef
-from pipeline.errors import GateError
+from pipeline.data.loaders import DataRef, resolve_source
+from pipeline.data.tasks import get_task
+from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.train.metrics import predict_logits, scores
@@ -106,22 +107,21 @@ def validate(
 
 def evaluate_artifact(artifact: Path, data_dir: str, split: str, max_examples: int | None = None) -> dict:
     """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
-    as the artifact was validated (its report's max_length)."""
-    from pipeline.data.loaders import resolve_source
-    from pipeline.data.tasks import get_task
-    from pipeline.errors import PipelineError
-
-    report_file = Path(artifact) / "report.json"
-    if not report_file.is_file():
-        raise PipelineError(f"{artifact} is not an artifact folder (no report.json)")
+    as the artifact was validated (its report's max_length). The validation split is carved with the run's own
+    data settings (the manifest's config), so `--split validation` is the split its gates saw."""
+    artifact = Path(artifact)
+    if not (artifact / "report.json").is_file() or not (artifact / "manifest.json").is_file():
+        raise PipelineError(f"{artifact} is not an artifact folder (no report.json and manifest.json)")
     if split not in ("train", "validation", "dev"):
         raise PipelineError(f"unknown split {split!r}: train, validation or dev")
-    report = json.loads(report_file.read_text())
+    report = json.loads((artifact / "report.json").read_text())
+    limits = DataLimits.model_validate(json.loads((artifact / "manifest.json").read_text())["config"]["data"])
     task = get_task(report["task"])
-    ref = DataRef(task.name, resolve_source(task, data_dir, False), str(Path(data_dir).resolve()))
+    source = resolve_source(task, data_dir, False)
+    ref = DataRef(task.name, source, str(Path(data_dir).resolve()), validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
     graphs = {"onnx_fp32": "model.onnx", "onnx_int8": "model.int8.onnx"}
-    metrics = {name: scores(onnx_logits(Path(artifact) / f, enc), enc.labels) for name, f in graphs.items()}
+    metrics = {name: scores(onnx_logits(artifact / f, enc), enc.labels) for name, f in graphs.items()}
     return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(enc),
             "metric": task.metric, "metrics": metrics}  # fmt: skip

@@ -19,7 +19,8 @@ def cli(*args):
 def test_every_stage_by_hand_makes_the_artifact_deploy_makes(classifier_dirs, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     common = ("--task", "sst2", "--teacher", classifier_dirs["bert"], "--data-dir", SAMPLE, "--max-train", "200",
-              "--max-dev", "32", "--steps", "2", *LOOSE_GATES, *QUICK_BENCH)  # fmt: skip
+              "--max-dev", "32", "--steps", "2", "--set", "data.validation_seed=1",
+              *LOOSE_GATES, *QUICK_BENCH)  # fmt: skip
     done = cli("compress", "--method", "mlp_fusion", *common, "--work", work, "--output", out)
     assert done.exit_code == 0, done.output
     state = json.loads((work / "state.json").read_text())
@@ -65,6 +66,11 @@ def test_every_stage_by_hand_makes_the_artifact_deploy_makes(classifier_dirs, tm
     figures = json.loads(scored.stdout)
     assert figures["examples"] == 32
     assert figures["metrics"]["onnx_int8"] == report["validation"]["metrics"]["dev"]["onnx_int8"]
+    # and on the validation split the run carved (with its own seed, not the default), the figures its gates saw
+    scored = cli("evaluate", artifact, "--data-dir", SAMPLE, "--split", "validation")
+    assert json.loads(scored.stdout)["metrics"] == {
+        graph: report["validation"]["metrics"]["validation"][graph] for graph in ("onnx_fp32", "onnx_int8")
+    }
     assert_one_line_error(cli("evaluate", artifact, "--data-dir", SAMPLE, "--split", "test"), "unknown split 'test'")
     assert_one_line_error(cli("evaluate", tmp_path, "--data-dir", SAMPLE), "is not an artifact folder")
 
