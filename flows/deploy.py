@@ -12,9 +12,12 @@ compress|compact|export|validate|bench|package` run one step each over a work fo
 
 import json
 import logging
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -56,9 +59,12 @@ class Run:
     timings: dict = field(default_factory=dict)
     plain: bool = False
 
+    def call(self, task, *args):
+        return task.fn(*args) if self.plain else task(*args)
+
     def timed(self, name: str, task, *args):
         start = time.perf_counter()
-        result = task.fn(*args) if self.plain else task(*args)
+        result = self.call(task, *args)
         self.timings[name] = round(time.perf_counter() - start, 1)
         return result
 
@@ -109,9 +115,9 @@ def _max_length(run: Run) -> int:
     return model_max_length(run.config)  # of the planned configuration: planning may drop the training stages
 
 
-def compact(request: DeployRequest, run: Run, folder: Path) -> None:
+def compact(request: DeployRequest, run: Run, folder: Path) -> dict:
     cfg = run.config
-    run.reports["compaction"] = run.timed(
+    return run.timed(
         "compact",
         stage_tasks.compact,
         run.compressed["path"],
@@ -122,8 +128,8 @@ def compact(request: DeployRequest, run: Run, folder: Path) -> None:
     )
 
 
-def export(request: DeployRequest, run: Run, folder: Path) -> None:
-    run.reports["export"] = run.timed(
+def export(request: DeployRequest, run: Run, folder: Path) -> dict:
+    return run.timed(
         "export",
         stage_tasks.export_models,
         str(folder),
@@ -135,9 +141,9 @@ def export(request: DeployRequest, run: Run, folder: Path) -> None:
     )
 
 
-def validate(request: DeployRequest, run: Run, folder: Path) -> None:
+def validate(request: DeployRequest, run: Run, folder: Path) -> dict:
     cfg = run.config
-    run.reports["validation"] = run.timed(
+    return run.timed(
         "validate",
         stage_tasks.validate_models,
         str(folder),
@@ -149,14 +155,23 @@ def validate(request: DeployRequest, run: Run, folder: Path) -> None:
     )
 
 
-def bench(request: DeployRequest, run: Run, folder: Path) -> None:
-    run.reports["speed"] = run.timed(
-        "benchmark", stage_tasks.measure_speed, str(folder), run.teacher["path"], run.config.bench
-    )
+def bench(request: DeployRequest, run: Run, folder: Path) -> dict:
+    return run.timed("benchmark", stage_tasks.measure_speed, str(folder), run.teacher["path"], run.config.bench)
 
 
-# after compress, in order; each needs the ones before it (the key is what it leaves in `run.reports`)
-STEPS = {"compaction": compact, "export": export, "validation": validate, "speed": bench}
+class Step(NamedTuple):
+    command: str  # `pipeline COMMAND WORK` runs it by hand
+    report: str  # its report's key in `run.reports` and report.json
+    fn: Callable[[DeployRequest, Run, Path], dict]
+
+
+# after compress, in order; each needs the ones before it
+STEPS = (
+    Step("compact", "compaction", compact),
+    Step("export", "export", export),
+    Step("validate", "validation", validate),
+    Step("bench", "speed", bench),
+)
 
 
 def report_of(request: DeployRequest, run: Run) -> dict:
@@ -180,21 +195,81 @@ def publish(request: DeployRequest, run: Run, staging: Path) -> str:
     inputs = {"model": request.model, "teacher": run.teacher["path"], "data": run.data}
     if not run.plain:
         report_to_prefect({**report, "artifact": published_name(staging)})
-    publish_fn = stage_tasks.publish.fn if run.plain else stage_tasks.publish
-    return str(publish_fn(str(staging), report, inputs, run.config.model_dump(mode="json")))
+    return str(run.call(stage_tasks.publish, str(staging), report, inputs, run.config.model_dump(mode="json")))
 
 
-def package(request: DeployRequest, run: Run) -> str:
-    """Every step after compress into a new staging folder, then publish it as the artifact."""
+def _staged(request: DeployRequest, run: Run, output_dir: str, fill: Callable[[Path], None]) -> str:
+    """`fill` a new staging folder in `output_dir`, then publish it; on any failure it is removed."""
     cfg = run.config
-    staging = new_staging(request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
+    staging = new_staging(output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
     try:
-        for step in STEPS.values():
-            step(request, run, staging)
+        fill(staging)
         return publish(request, run, staging)
     except BaseException:
         discard(staging)
         raise
+
+
+def package(request: DeployRequest, run: Run) -> str:
+    """Every step after compress into a new staging folder, then publish it as the artifact."""
+
+    def every_step(staging: Path) -> None:
+        for step in STEPS:
+            run.reports[step.report] = step.fn(request, run, staging)
+
+    return _staged(request, run, request.output_dir, every_step)
+
+
+# --- the same steps by hand, over a work folder that keeps the Run in state.json ---------------------------------
+
+
+def check_new_work(folder: Path) -> None:
+    if folder.exists() and any(folder.iterdir()):
+        raise PipelineError(f"work folder {folder} exists and is not empty")
+
+
+def start_work(request: DeployRequest, folder: Path) -> None:
+    """`pipeline compress`: data, teacher, plan and compression, then the Run saved into a new work folder."""
+    check_new_work(folder)
+    run = prepare(request, plain=True)
+    compress(request, run)
+    (folder / ".work").mkdir(parents=True, exist_ok=True)  # the dense graphs, as in a staging folder
+    run.save(request, folder)
+
+
+def run_step(folder: Path, command: str) -> dict:
+    """`pipeline COMMAND WORK`: one step over a work folder, after its prerequisites; returns its report.
+
+    The step and every later one count as not done from here on; a step that fails leaves none of its files."""
+    request, run = Run.load(folder)
+    i = [s.command for s in STEPS].index(command)
+    missing = next((s.command for s in STEPS[:i] if s.report not in run.reports), None)
+    if missing:
+        raise PipelineError(f"{folder}: run `pipeline {missing} {folder}` first")
+    for later in STEPS[i:]:
+        run.reports.pop(later.report, None)
+    before = set(folder.rglob("*"))
+    try:
+        run.reports[STEPS[i].report] = STEPS[i].fn(request, run, folder)
+    except BaseException:
+        for p in sorted(set(folder.rglob("*")) - before, reverse=True):
+            p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+        raise
+    finally:
+        run.save(request, folder)
+    return run.reports[STEPS[i].report]
+
+
+def publish_work(folder: Path, output_dir: str | None) -> str:
+    """`pipeline package`: a work folder whose every step is done, published as an artifact."""
+    request, run = Run.load(folder)
+    if STEPS[-1].report not in run.reports:
+        raise PipelineError(f"{folder}: run `pipeline {STEPS[-1].command} {folder}` first")
+
+    def copy(staging: Path) -> None:
+        shutil.copytree(folder, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(STATE_FILE, ".*"))
+
+    return _staged(request, run, output_dir or request.output_dir, copy)
 
 
 def report_to_prefect(report: dict) -> None:

@@ -197,24 +197,15 @@ def compress_stage(
     """Stage 1 by hand: data, teacher, plan and compression into a WORK folder (then compact, export, validate,
     bench, package over it). Takes every `deploy` option; the compressed model stays in the cache."""
     _setup_logging()
-    from flows import deploy as steps
+    from flows.deploy import check_new_work, start_work
     from pipeline.errors import PipelineError
 
-    work_dir = Path(work)
     try:
-        if work_dir.exists() and any(work_dir.iterdir()):
-            raise PipelineError(f"work folder {work_dir} exists and is not empty")
-        request = _request(**options)
-        run = steps.prepare(request, plain=True)
-        steps.compress(request, run)
+        check_new_work(Path(work))  # before the request: a folder in use fails before any data is read
+        start_work(_request(**options), Path(work))
     except PipelineError as e:
         _fail(e, 2)
-    (work_dir / ".work").mkdir(parents=True, exist_ok=True)  # the dense graphs, as in a staging folder
-    run.save(request, work_dir)
-    typer.echo(work_dir.resolve())
-
-
-STAGE_KEYS = {"compact": "compaction", "export": "export", "validate": "validation", "bench": "speed"}  # -> report
+    typer.echo(Path(work).resolve())
 
 
 def _stage(name: str, doc: str) -> None:
@@ -222,33 +213,16 @@ def _stage(name: str, doc: str) -> None:
 
     def command(work: Annotated[str, typer.Argument(help="Work folder made by `pipeline compress`.")]) -> None:
         _setup_logging()
-        from flows import deploy as steps
+        from flows.deploy import run_step
         from pipeline.errors import GateError, PipelineError
 
-        work_dir = Path(work)
-        key, order = STAGE_KEYS[name], list(steps.STEPS)
         try:
-            request, run = steps.Run.load(work_dir)
-            missing = [k for k in order[: order.index(key)] if k not in run.reports]
-            if missing:
-                first = next(cmd for cmd, k in STAGE_KEYS.items() if k == missing[0])
-                raise PipelineError(f"{work_dir}: run `pipeline {first} {work}` first")
-            before = set(work_dir.rglob("*"))
-            for stale in order[order.index(key) :]:  # this step and the ones after it are redone from here on
-                run.reports.pop(stale, None)
-            try:
-                steps.STEPS[key](request, run, work_dir)
-            except BaseException:  # nothing half-written: the files this step made go, and it counts as not done
-                for p in sorted(set(work_dir.rglob("*")) - before, reverse=True):
-                    p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
-                run.save(request, work_dir)
-                raise
+            report = run_step(Path(work), name)
         except GateError as e:
             _fail(e, 1)
         except PipelineError as e:
             _fail(e, 2)
-        run.save(request, work_dir)
-        typer.echo(json.dumps(run.reports[key], default=str)[:2000] if name != "compact" else work_dir.resolve())
+        typer.echo(Path(work).resolve() if name == "compact" else json.dumps(report, default=str)[:2000])
 
     command.__doc__ = doc
     app.command(name)(command)
@@ -269,24 +243,11 @@ def package_stage(
 ) -> None:
     """Stage 6 by hand: publish the work folder as an artifact (report, manifest) in one rename."""
     _setup_logging()
-    import shutil
-
-    from export.package import artifact_name, discard, new_staging
-    from flows import deploy as steps
+    from flows.deploy import publish_work
     from pipeline.errors import PipelineError
 
     try:
-        request, run = steps.Run.load(Path(work))
-        if "speed" not in run.reports:
-            raise PipelineError(f"{work}: run `pipeline bench {work}` first")
-        cfg = run.config
-        staging = new_staging(output or request.output_dir, artifact_name(cfg.task, cfg.method, cfg.model_dump_json()))
-        try:
-            shutil.copytree(work, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(steps.STATE_FILE, ".*"))
-            final = steps.publish(request, run, staging)
-        except BaseException:
-            discard(staging)
-            raise
+        final = publish_work(Path(work), output)
     except PipelineError as e:
         _fail(e, 2)
     typer.echo(final)
