@@ -37,9 +37,8 @@ def _ms(speed: dict, model: str, cell: tuple[str, int, int]) -> float:
     )
 
 
-def artifact_point(artifact: Path, label: str) -> dict:
-    """The Pareto point of one published artifact, from its report.json."""
-    report = json.loads((artifact / "report.json").read_text())
+def artifact_point(artifact: Path, label: str, report: dict) -> dict:
+    """The Pareto point of one published artifact, from its report (report.json)."""
     val = report["validation"]
     metric = val["metric"]
     speed = report["speed"]
@@ -58,14 +57,12 @@ def artifact_point(artifact: Path, label: str) -> dict:
         "speedup_vs_dense_int8": head["speedup_vs_dense_int8"],
         "size_mb": round((artifact / "model.int8.onnx").stat().st_size / 1e6, 2),
         "cell": {"provider": cell[0], "batch": cell[1], "seq": cell[2]},
-        "_report": report,
     }
 
 
-def dense_points(points: list[dict]) -> list[dict]:
+def dense_points(reports: list[dict]) -> list[dict]:
     """The dense fp32 teacher and its int8 graph, as every artifact's benchmark measured them (averaged)."""
-    reports = [p["_report"] for p in points]
-    metric = points[0]["metric"]
+    metric = reports[0]["validation"]["metric"]
 
     def metric_of(split: str, graph: str) -> float | None:
         values = [
@@ -73,7 +70,7 @@ def dense_points(points: list[dict]) -> list[dict]:
         ]
         return round(mean(values), 4) if values else None
 
-    cells = [tuple(p["cell"].values()) for p in points]
+    cells = [_cell(r["speed"]) for r in reports]
 
     def ms_of(model: str) -> float:
         return mean(_ms(r["speed"], model, cell) for r, cell in zip(reports, cells, strict=True))
@@ -119,12 +116,12 @@ def select(points: list[dict], max_metric_drop: float | None) -> dict | None:
 
 def pareto_report(artifacts: list[tuple[str, Path]], failed: list[dict], max_metric_drop: float | None) -> dict:
     """The `pareto.json` content for (label, artifact folder) pairs and the runs that failed."""
-    points = [artifact_point(path, label) for label, path in artifacts]
-    everything = [*dense_points(points), *points] if points else []
+    reports = [json.loads((path / "report.json").read_text()) for _, path in artifacts]
+    points = [artifact_point(path, label, r) for (label, path), r in zip(artifacts, reports, strict=True)]
+    everything = [*dense_points(reports), *points] if points else []
     mark_front(everything)
     chosen = select(points, max_metric_drop)
     for p in everything:
-        p.pop("_report", None)
         p["selected"] = p is chosen
     return {
         "metric": everything[0]["metric"] if everything else None,
