@@ -300,7 +300,7 @@ def sweep(
     from pipeline.sweep import load_sweep
 
     try:
-        _, runs = load_sweep(sweep_file, str(Path(output).resolve()), cache_dir, list(set_ or []))
+        runs = load_sweep(sweep_file, str(Path(output).resolve()), cache_dir, list(set_ or []))
         runner = _dask_runner(dask_address, workers)
     except PipelineError as e:
         _fail(e, 2)

@@ -91,9 +91,9 @@ def overrides(settings: dict[str, Any]) -> list[str]:
 
 def load_sweep(
     path: str | Path, output_dir: str, cache_dir: str | None = None, extra: list[str] | tuple[str, ...] = ()
-) -> tuple[SweepSpec, list[tuple[str, DeployRequest]]]:
-    """Read and check a sweep file; return it with one (label, request) per run, in order. `extra` are overrides
-    for every run (the CLI's --set)."""
+) -> list[tuple[str, DeployRequest]]:
+    """Read and check a sweep file; return one (label, request) per run, in order. `extra` are overrides for every
+    run (the CLI's --set)."""
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"sweep file {path} does not exist")
@@ -130,4 +130,4 @@ def load_sweep(
             )
         except PipelineError as e:
             raise PipelineError(f"sweep file {path}, run {label!r}: {e}") from None
-    return spec, requests
+    return requests
