@@ -106,11 +106,15 @@ def plan_target(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
     check_target_chain(config.method)
     table = measure_table(teacher_dir, config.target, config.bench, cache_dir)
-    shape = search_shape(table, config.target.speedup, layer_options(config, table.teacher["layers"]))
+    target = config.target
+    shape = search_shape(table, target.speedup, layer_options(config, table.teacher["layers"]), target.headroom)
+    aim = target.speedup * (1 + target.headroom)
     planned = apply_shape(config, shape, table.teacher)
     log.info(
-        "target %.2fx: %d layers x (%d heads, %d FFN neurons), predicted %.2fx (%.2f ms vs dense fp32 %.2f ms)",
+        "target %.2fx (planned at %.2fx): %d layers x (%d heads, %d FFN neurons), predicted %.2fx "
+        "(%.2f ms vs dense fp32 %.2f ms)",
         config.target.speedup,
+        aim,
         shape.layers,
         shape.heads,
         shape.ffn,
@@ -120,6 +124,7 @@ def plan_target(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     )
     return {
         "target_speedup": config.target.speedup,
+        "planned_at": round(aim, 4),
         "shape": shape.as_dict(),
         "method": planned.method,
         "config": planned.config,

@@ -83,14 +83,14 @@ def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
     return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
 
 
-def search_shape(table: LatencyTable, target: float, layer_options: list[int]) -> Shape:
+def search_shape(table: LatencyTable, target: float, layer_options: list[int], headroom: float = 0.0) -> Shape:
     """The shape (L layers of h heads and f FFN neurons each) whose predicted speedup over the dense fp32 teacher
-    is at least `target`, keeping the most encoder weights (more layers win a tie).
+    is at least `target` × (1 + `headroom`), keeping the most encoder weights (more layers win a tie).
 
     Raises:
         PipelineError: no shape with at least one head and one FFN step per layer meets the target.
     """
-    budget = table.dense_fp32_ms / target
+    budget = table.dense_fp32_ms / (target * (1 + headroom))
     best: Shape | None = None
     for layers in sorted(set(layer_options)):
         for heads in range(1, table.teacher["heads"] + 1):
@@ -104,8 +104,8 @@ def search_shape(table: LatencyTable, target: float, layer_options: list[int]) -
     if best is None:
         fastest = table.predict_ms(min(layer_options), 1, FFN_STEP)
         raise PipelineError(
-            f"--target-speedup {target}: even {min(layer_options)} layer(s) of 1 head and {FFN_STEP} FFN neurons "
-            f"are predicted at {table.dense_fp32_ms / fastest:.2f}x on this machine"
+            f"--target-speedup {target} (planned {headroom:.0%} above it): even {min(layer_options)} layer(s) of 1 "
+            f"head and {FFN_STEP} FFN neurons are predicted at {table.dense_fp32_ms / fastest:.2f}x on this machine"
         )
     return best
 
