@@ -189,7 +189,8 @@ def _read_tsv(spec: TaskSpec, path: Path) -> Split:
         raise PipelineError(
             f"{path.parent}: missing {path.name} (task {spec.name} expects {spec.train_file} and {spec.dev_file})"
         )
-    with path.open(encoding="utf-8", newline="") as f:
+    # utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue itself to the first column name
+    with path.open(encoding="utf-8-sig", newline="") as f:
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(rows, None)
         if header is None:
