@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from export.package import stamp_task
 from pipeline.cache import cached_build, dir_digest, key_of
 
 if TYPE_CHECKING:
@@ -240,6 +241,7 @@ def export_stage(
     report = {
         "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
     }
+    stamp_task(staging_path, ref.task.describe())
     entry, hit = dense_graphs(teacher_dir, cache_dir, calibration)
     for name in ("dense.onnx", "dense.int8.onnx"):
         shutil.copy2(entry / name, staging_path / ".work" / name)  # a copy: the run never touches the cache entry

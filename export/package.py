@@ -5,9 +5,9 @@ the folder exists, released by the kernel when the process dies): a run that was
 leaves a staging folder nobody holds, and the next run into the same output folder removes it. Live runs'
 staging folders are never touched, so concurrent runs into one folder are safe.
 
-Layout: model.onnx (fused fp32), model.int8.onnx, config.json (id2label, per-layer heads and FFN widths),
-tokenizer files, pytorch/ (compacted safetensors), report.json, report.md, latency.png, manifest.json
-(sha256 of every file, versions, inputs, config, git revision).
+Layout: model.onnx (fused fp32), model.int8.onnx, config.json (id2label, per-layer heads and FFN widths, the task
+block: labels, text columns, pair or not, metric), tokenizer files, pytorch/ (compacted safetensors), report.json,
+report.md, latency.png, manifest.json (sha256 of every file, versions, inputs, config, the task, git revision).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 from export.report import render_markdown
 from pipeline.cache import file_digest
 from pipeline.errors import PipelineError
+from serving.session import TASK_KEY
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,20 @@ def git_revision() -> str:
         return "unknown"
 
 
+def stamp_task(staging: str | Path, task: dict) -> None:
+    """Write the task block into the artifact's config.json files (root: ONNX Runtime, Optimum, serving; pytorch/:
+    transformers), so every consumer knows the labels and whether the model reads sentence pairs."""
+    for path in (Path(staging) / "config.json", Path(staging) / "pytorch" / "config.json"):
+        if path.is_file():
+            config = json.loads(path.read_text())
+            path.write_text(json.dumps({**config, TASK_KEY: task}, indent=2, sort_keys=True) + "\n")
+
+
+def _task_block(staging: Path) -> dict | None:
+    path = staging / "config.json"
+    return json.loads(path.read_text()).get(TASK_KEY) if path.is_file() else None
+
+
 def published_name(staging: str | Path) -> str:
     """The artifact folder's name once the staging folder is published."""
     return Path(staging).name.removeprefix(STAGING_PREFIX)
@@ -150,6 +165,7 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
         "git_revision": git_revision(),
         "inputs": inputs,
         "config": config,
+        "task": _task_block(staging),
     }
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
     os.replace(staging, final)

@@ -56,7 +56,7 @@ def render_markdown(report: dict) -> str:
             "",
             f"ONNX fp32 vs compacted torch: max |Δ logits| = {p['max_abs_diff']:.2e}, argmax agreement "
             f"{p['argmax_agreement']:.4f} over {p['examples']} examples; "
-            f"int8 loses {v['int8_accuracy_drop']:.2f} points against fp32.",
+            f"int8 loses {v['int8_metric_drop']:.2f} points of {v.get('metric', 'accuracy')} against fp32.",
             "",
         ]
     c = report.get("compaction", {})

@@ -14,7 +14,7 @@ from export.parity import ParityReport, compare_logits, onnx_logits
 from pipeline.config.schema import DataLimits, Gates
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import get_task
+from pipeline.data.tasks import task_spec
 from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
@@ -40,7 +40,7 @@ def gate_failures(
             f"argmax agreement {parity.argmax_agreement:.4f}"
         )
     if int8_drop > gates.int8_max_drop:
-        failures.append(f"int8 accuracy {int8_drop:.2f} points below fp32 (limit {gates.int8_max_drop})")
+        failures.append(f"int8 {metric} {int8_drop:.2f} points below fp32 (limit {gates.int8_max_drop})")
     if teacher - compressed > gates.max_metric_drop:
         failures.append(
             f"compressed {metric} {compressed:.2f} is {teacher - compressed:.2f} points below the teacher's "
@@ -79,8 +79,8 @@ def validate(
     parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol)
     teacher_parity = compare_logits(val["teacher"], val["teacher_onnx_fp32"], gates.onnx_atol)
     chosen = metrics["validation"]
-    int8_drop = chosen["onnx_fp32"]["accuracy"] - chosen["onnx_int8"]["accuracy"]
     metric = data.task.metric
+    int8_drop = chosen["onnx_fp32"][metric] - chosen["onnx_int8"][metric]
     teacher_score, compressed_score = chosen["teacher"][metric], chosen["onnx_fp32"][metric]
     report = {
         "examples": splits,
@@ -88,7 +88,7 @@ def validate(
         "metrics": metrics,
         "onnx_parity": parity.as_dict(),
         "teacher_onnx_parity": teacher_parity.as_dict(),
-        "int8_accuracy_drop": round(int8_drop, 3),
+        "int8_metric_drop": round(int8_drop, 3),
         "gates": gates.model_dump(),
         "metric": metric,
         "metric_drop": round(teacher_score - compressed_score, 3),
@@ -105,20 +105,31 @@ def validate(
     return report
 
 
-def evaluate_artifact(artifact: Path, data_dir: str, split: str, max_examples: int | None = None) -> dict:
+def evaluate_artifact(
+    artifact: Path, data_dir: str | None, split: str, max_examples: int | None = None, task_file: str | None = None
+) -> dict:
     """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
     as the artifact was validated (its report's max_length). The validation split is carved with the run's own
-    data settings (the manifest's config), so `--split validation` is the split its gates saw."""
+    data settings (the manifest's config), so `--split validation` is the split its gates saw. A user's task
+    reads the files its definition names (the manifest's), or those of `task_file` (the same task, moved)."""
     artifact = Path(artifact)
     if not (artifact / "report.json").is_file() or not (artifact / "manifest.json").is_file():
         raise PipelineError(f"{artifact} is not an artifact folder (no report.json and manifest.json)")
     if split not in ("train", "validation", "dev"):
         raise PipelineError(f"unknown split {split!r}: train, validation or dev")
     report = json.loads((artifact / "report.json").read_text())
-    limits = DataLimits.model_validate(json.loads((artifact / "manifest.json").read_text())["config"]["data"])
-    task = get_task(report["task"])
+    config = json.loads((artifact / "manifest.json").read_text())["config"]
+    limits = DataLimits.model_validate(config["data"])
+    custom = config.get("custom_task")
+    if task_file is not None:
+        from pipeline.data.tasks import load_task_file
+
+        custom = load_task_file(task_file)
+        if custom.name != report["task"]:
+            raise PipelineError(f"{task_file} defines task {custom.name!r}; the artifact is for {report['task']!r}")
+    task = task_spec(report["task"], custom)
     source = resolve_source(task, data_dir, False)
-    ref = DataRef(task.name, source, str(Path(data_dir).resolve()), validation=limits.validation)
+    ref = DataRef(task, source, str(Path(data_dir).resolve()) if data_dir else None, validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
     graphs = {"onnx_fp32": "model.onnx", "onnx_int8": "model.int8.onnx"}

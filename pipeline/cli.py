@@ -47,7 +47,11 @@ def _prefect_defaults() -> None:
 @app.command()
 def deploy(
     method: Annotated[str, typer.Option(help="Compression method (see `pipeline methods`).")],
-    task: Annotated[str, typer.Option(help="Task (see `pipeline tasks`).")],
+    task: Annotated[str | None, typer.Option(help="A built-in task (see `pipeline tasks`).")] = None,
+    task_file: Annotated[
+        str | None,
+        typer.Option(help="Your own task: a YAML file naming its train/dev files, columns, labels and metric."),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Base model folder (BERT/RoBERTa); default: embedded all-MiniLM-L6-v2.")
     ] = None,
@@ -55,7 +59,13 @@ def deploy(
         str | None,
         typer.Option(help="An already fine-tuned classifier folder to compress (skips teacher fine-tuning)."),
     ] = None,
-    data_dir: Annotated[str | None, typer.Option(help="GLUE TSV folder (train.tsv, dev.tsv).")] = None,
+    data_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="GLUE TSV folder (train.tsv, dev.tsv), or a local Hugging Face dataset (save_to_disk output, or "
+            "parquet/JSONL/CSV files named by split)."
+        ),
+    ] = None,
     hub: Annotated[
         bool, typer.Option("--hub", help="The task's Hugging Face dataset (online, or from the local datasets cache).")
     ] = False,
@@ -256,9 +266,15 @@ def package_stage(
 @app.command()
 def evaluate(
     artifact: Annotated[str, typer.Argument(help="A published artifact folder.")],
-    data_dir: Annotated[str, typer.Option(help="Labelled data of the artifact's task (GLUE TSV folder).")],
+    data_dir: Annotated[
+        str | None,
+        typer.Option(help="Labelled data of the artifact's task (GLUE TSV or Hugging Face dataset folder)."),
+    ] = None,
     split: Annotated[str, typer.Option(help="train, validation (carved from train as the run did) or dev.")] = "dev",
     max_examples: Annotated[int | None, typer.Option(min=1, help="Score at most N examples.")] = None,
+    task_file: Annotated[
+        str | None, typer.Option(help="A user's task: its task file, when its data moved since the run.")
+    ] = None,
 ) -> None:
     """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON."""
     from pipeline.errors import PipelineError
@@ -266,7 +282,7 @@ def evaluate(
     try:
         from export.validate import evaluate_artifact
 
-        result = evaluate_artifact(Path(artifact), data_dir, split, max_examples)
+        result = evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file)
     except PipelineError as e:
         _fail(e, 2)
     typer.echo(json.dumps(result, indent=2))
@@ -401,6 +417,9 @@ def list_tasks() -> None:
         sample = ", embedded sample" if spec.has_sample else ""
         labels = ", ".join(spec.labels)
         typer.echo(f"{spec.name:<6} {spec.num_labels} labels ({labels}), {kind} sentence, {spec.metric}{sample}")
+    typer.echo(
+        "\nyour own task: --task-file FILE (train/dev files in TSV, CSV or JSONL, text column(s), labels, metric)"
+    )
 
 
 def main() -> None:

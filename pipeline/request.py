@@ -17,7 +17,7 @@ from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
 from pipeline.config.schema import DeployConfig, validate
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import get_task
+from pipeline.data.tasks import CustomTask, get_task, load_task_file
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
 
@@ -38,12 +38,21 @@ def check_devices(devices: dict[str, str]) -> None:
 
 
 def build_deploy_config(
-    method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    method: str,
+    task: str,
+    recipe: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    custom_task: CustomTask | None = None,
 ) -> DeployConfig:
-    """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config."""
+    """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config;
+    `custom_task` is a user's task (its name is `task`), else `task` is a built-in one."""
     parse_chain(method)
-    get_task(task)
-    cfg = validate(DeployConfig, load_recipe(method, task, recipe, overrides), "recipe")
+    if custom_task is None:
+        get_task(task)
+    data = load_recipe(method, task, recipe, overrides)
+    if custom_task is not None:
+        data["custom_task"] = custom_task.model_dump()
+    cfg = validate(DeployConfig, data, "recipe")
     chain_configs(cfg)  # fail now, not mid-flow
     if cfg.target.speedup is not None:
         check_target_chain(cfg.method)
@@ -67,14 +76,27 @@ class DeployRequest(BaseModel):
     def data(self) -> DataRef:
         limits = self.config.data
         return DataRef(
-            self.config.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation
+            self.config.task_spec, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation
         )
+
+
+def resolve_task(task: str | None, task_file: str | Path | None) -> tuple[str, CustomTask | None]:
+    """(task name, the user's task definition or None) from `--task` or `--task-file`, exactly one of them."""
+    if task_file is None:
+        if task is None:
+            raise PipelineError("name a task: --task NAME (a built-in one) or --task-file FILE (your own)")
+        return task, None
+    if task is not None:
+        raise PipelineError("name one task: --task or --task-file, not both")
+    custom = load_task_file(task_file)
+    return custom.name, custom
 
 
 def prepare_request(
     method: str,
-    task: str,
+    task: str | None,
     *,
+    task_file: str | None = None,
     model: str | None = None,
     teacher: str | None = None,
     data_dir: str | None = None,
@@ -85,7 +107,8 @@ def prepare_request(
     overrides: list[str] | tuple[str, ...] = (),
 ) -> DeployRequest:
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
-    config = build_deploy_config(method, task, recipe, overrides)
+    task, custom = resolve_task(task, task_file)
+    config = build_deploy_config(method, task, recipe, overrides, custom)
     check_output_dir(output_dir)
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
@@ -101,7 +124,7 @@ def prepare_request(
     devices = {"teacher.device": config.teacher.device}
     chain = chain_configs(config)
     for m, method_cfg in chain:
-        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, task)
+        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, config.task_spec)
         section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
@@ -112,7 +135,7 @@ def prepare_request(
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()),
-        data_source=resolve_source(get_task(task), data_dir, hub),
+        data_source=resolve_source(config.task_spec, data_dir, hub),
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request

@@ -143,7 +143,7 @@ def _compress_one(
         for p in teacher.parameters():
             p.requires_grad_(False)
         train_enc, val_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
-        ctx = StageContext(teacher, train_enc, val_enc, task=data.task.name, base_model=base_model)
+        ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model)
         began = time.perf_counter()
         # a fresh copy: it must not share the teacher's tensors or inherit its freeze
         student = (copy.deepcopy(teacher) if start_dir == teacher_dir else load_model(start_dir)).requires_grad_(True)

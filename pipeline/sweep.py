@@ -1,7 +1,7 @@
 """A sweep file: many deploy runs of one task, as a list of runs or a grid, checked up front into requests.
 
 ```yaml
-task: sst2
+task: sst2                      # a built-in task, or task_file: mytask.yaml (your own, relative to this file)
 data_dir: ../data/sst2          # optional, relative to this file; default: the task's embedded sample
 model: null                     # optional base model folder; teacher: an already fine-tuned one
 set: {data.max_train: 5000}     # optional, applies to every run (as --set takes it)
@@ -48,7 +48,8 @@ class SweepGrid(FrozenModel):
 
 
 class SweepSpec(FrozenModel):
-    task: str
+    task: str | None = None
+    task_file: str | None = None
     data_dir: str | None = None
     hub: bool = False
     model: str | None = None
@@ -117,6 +118,7 @@ def load_sweep(
                     prepare_request(
                         run.method,
                         spec.task,
+                        task_file=rel(spec.task_file),
                         model=rel(spec.model),
                         teacher=rel(spec.teacher),
                         data_dir=rel(spec.data_dir),

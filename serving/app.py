@@ -27,7 +27,16 @@ from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
 from serving.config import ServerConfig
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.session import softmax, top_labels
-from serving.validation import INPUT_NAME, Limits, RequestError, decode_json, parse_infer, parse_predict
+from serving.validation import (
+    INPUT_NAME,
+    PAIR_INPUT_NAME,
+    Limits,
+    RequestError,
+    Text,
+    decode_json,
+    parse_infer,
+    parse_predict,
+)
 
 log = logging.getLogger("serving")
 MODEL_VERSION = "1"
@@ -35,11 +44,12 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Model(Protocol):
-    """What the server needs from a model: `ArtifactSession` is one."""
+    """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples)."""
 
     labels: list[str]
+    pair: bool
 
-    def logits(self, texts: list[str]) -> np.ndarray: ...
+    def logits(self, texts: list[Text]) -> np.ndarray: ...
 
 
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -98,6 +108,8 @@ class Service:
         self.model = model
         self.name = model_name
         self.labels = list(model.labels)
+        self.pair = bool(getattr(model, "pair", False))
+        self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
         self.batcher = MicroBatcher(model.logits, config.max_batch, config.max_wait_ms / 1000, config.max_queue)
         self.metrics = Metrics(model_name, config.precision, lambda: self.batcher.queued)
@@ -189,7 +201,10 @@ class Service:
                 "name": self.name,
                 "versions": [MODEL_VERSION],
                 "platform": "onnxruntime_onnx",
-                "inputs": [{"name": INPUT_NAME, "datatype": "BYTES", "shape": [-1]}],
+                "inputs": [
+                    {"name": name, "datatype": "BYTES", "shape": [-1]}
+                    for name in ((INPUT_NAME, PAIR_INPUT_NAME) if self.pair else (INPUT_NAME,))
+                ],
                 "outputs": [
                     {"name": "label", "datatype": "BYTES", "shape": [-1]},
                     {"name": "probabilities", "datatype": "FP32", "shape": [-1, n]},
@@ -197,6 +212,8 @@ class Service:
                 ],
                 "parameters": {
                     "labels": self.labels,
+                    "pair": self.pair,
+                    "task": self.task.get("name"),
                     "precision": self.config.precision,
                     "max_tokens": self.config.max_length,
                     "max_batch": self.config.max_batch,
@@ -211,7 +228,7 @@ class Service:
 
     async def infer(self, request: Request) -> Response:
         self._check_model(request)
-        req = parse_infer(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits)
+        req = parse_infer(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
         logits = await self.batcher.submit(req.texts)
         n, k = logits.shape
         tensors = {
@@ -229,7 +246,7 @@ class Service:
         return json_response(out)
 
     async def predict(self, request: Request) -> Response:
-        req = parse_predict(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits)
+        req = parse_predict(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
         logits = await self.batcher.submit(req.texts)
         result = top_labels(_scores(logits, req.function), self.labels, req.top_k)
         return json_response(result[0] if req.single else result)

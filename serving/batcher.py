@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving.validation import Text
+
 
 class QueueFull(Exception):
     """More requests are waiting than the queue allows."""
@@ -29,7 +31,7 @@ class ShuttingDown(Exception):
 
 @dataclass
 class _Pending:
-    texts: list[str]
+    texts: list[Text]
     future: asyncio.Future
     queued_at: float = field(default_factory=time.perf_counter)
 
@@ -57,7 +59,7 @@ class MicroBatcher:
 
     def __init__(
         self,
-        infer: Callable[[list[str]], np.ndarray],
+        infer: Callable[[list[Text]], np.ndarray],
         max_batch: int = 32,
         max_wait_s: float = 0.005,
         max_queue: int = 256,
@@ -97,7 +99,7 @@ class MicroBatcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def submit(self, texts: list[str]) -> np.ndarray:
+    async def submit(self, texts: list[Text]) -> np.ndarray:
         """Queue `texts` and wait for their rows.
 
         Raises:
@@ -146,7 +148,7 @@ class MicroBatcher:
                     break
             await self._run(loop, batch)
 
-    def _infer_chunks(self, texts: list[str]) -> np.ndarray:
+    def _infer_chunks(self, texts: list[Text]) -> np.ndarray:
         if len(texts) <= self.max_batch:
             return self.infer(texts)
         return np.concatenate(

@@ -51,7 +51,8 @@ def load_model(config: ServerConfig) -> ArtifactSession:
     except Exception as e:  # ORT or tokenizers could not read a file that matches the manifest
         first_line = (str(e).splitlines() or [""])[0][:300]
         raise StartupError(f"cannot load {config.artifact}: {type(e).__name__}: {first_line}") from None
-    session.logits(["warm-up"])  # the first ORT run allocates; keep it out of the first request's latency
+    # the first ORT run allocates; keep it out of the first request's latency
+    session.logits([("warm-up", "warm-up")] if session.pair else ["warm-up"])
     return session
 
 

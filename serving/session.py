@@ -13,7 +13,10 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from serving.validation import Text
+
 GRAPHS = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+TASK_KEY = "encoder_deploy_task"  # the task block in an artifact's config.json: labels, text columns, pair, metric
 
 
 class ArtifactError(Exception):
@@ -45,7 +48,7 @@ def check_integrity(artifact: Path, required: tuple[str, ...] = ()) -> None:
 
 
 class ArtifactSession:
-    """Tokenise texts and run the artifact's fp32 or int8 graph.
+    """Tokenise texts (or text pairs, for an artifact of a sentence-pair task) and run its fp32 or int8 graph.
 
     Args:
         artifact: the artifact folder.
@@ -90,8 +93,15 @@ class ArtifactSession:
         self.session = ort.InferenceSession(str(self.path / GRAPHS[precision]), so, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.labels = _labels(config, self.session)
+        self.task = config.get(TASK_KEY) or {}  # artifacts from before pair support have none: single texts
+        self.pair = bool(self.task.get("pair"))
 
-    def logits(self, texts: list[str]) -> np.ndarray:
+    def logits(self, texts: list[Text]) -> np.ndarray:
+        """One row per item: strings for a single-text artifact, (text, text_pair) tuples for a pair artifact
+        (two segments, token type ids 0 and 1, truncated longest first as the pipeline tokenised them)."""
+        if any(isinstance(t, tuple) != self.pair for t in texts):
+            want = "(text, text_pair) tuples" if self.pair else "strings"
+            raise ArtifactError(f"{self.path} reads {'sentence pairs' if self.pair else 'single texts'}: pass {want}")
         enc = self.tokenizer.encode_batch(texts)
         width = max(1, len(enc[0].ids))
         ids = np.full((len(enc), width), self.pad_id, dtype=np.int64)
@@ -104,7 +114,7 @@ class ArtifactSession:
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return self.session.run(["logits"], {n: feeds[n] for n in self.input_names})[0]
 
-    def predict(self, texts: list[str], top_k: int | None = 1) -> list[list[dict]]:
+    def predict(self, texts: list[Text], top_k: int | None = 1) -> list[list[dict]]:
         """Per text, the `top_k` labels (None: all) with softmax scores, best first."""
         return top_labels(softmax(self.logits(texts)), self.labels, top_k)
 

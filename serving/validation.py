@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
-INPUT_NAME = "text"
+INPUT_NAME, PAIR_INPUT_NAME = "text", "text_pair"
 OUTPUT_NAMES = ("label", "probabilities", "logits")
+Text = str | tuple[str, str]  # one text, or (text, text_pair) for a sentence-pair model
 
 
 class RequestError(Exception):
@@ -35,7 +36,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class PredictRequest:
-    texts: list[str]
+    texts: list[Text]
     single: bool
     top_k: int | None
     function: str
@@ -43,7 +44,7 @@ class PredictRequest:
 
 @dataclass(frozen=True)
 class InferRequest:
-    texts: list[str]
+    texts: list[Text]
     id: str | None
     outputs: tuple[str, ...]
 
@@ -103,8 +104,9 @@ def _unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
         )
 
 
-def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
-    """Every item a string of at most `max_text_chars` characters, at most `max_items` items, at least one."""
+def check_texts(texts: list, where: str, limits: Limits, kinds: tuple[type, ...] = (str,)) -> list[str]:
+    """Every item a string of at most `max_text_chars` characters (or a pair, with `kinds`), at most `max_items`
+    items, at least one."""
     if not texts:
         raise RequestError(422, f"{where} is an empty list; send at least one text", "empty_inputs")
     if len(texts) > limits.max_items:
@@ -112,8 +114,10 @@ def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
             413, f"{where} has {len(texts)} texts; at most {limits.max_items} per request", "too_many_items"
         )
     for i, t in enumerate(texts):
-        if not isinstance(t, str):
+        if not isinstance(t, kinds):
             raise RequestError(422, f"{where}[{i}] is {_type(t)}; expected a string", "wrong_type")
+        if not isinstance(t, str):
+            continue
         if len(t) > limits.max_text_chars:
             raise RequestError(
                 413,
@@ -138,17 +142,64 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def parse_predict(payload: Any, limits: Limits) -> PredictRequest:
-    """`{"inputs": str | [str], "parameters": {"top_k": int | null, "function_to_apply": ...}}` (HF style)."""
+PAIR_EXAMPLE = '{"text": "...", "text_pair": "..."}'
+
+
+def _items(inputs: Any, pair: bool) -> tuple[list, bool]:
+    """(items, single) from `inputs`: a string or a pair object, or a list of them (not mixed)."""
+    if isinstance(inputs, str | dict):
+        return [inputs], True
+    if not isinstance(inputs, list):
+        want = f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
+        raise RequestError(422, f"'inputs' must be {want}, not {_type(inputs)}", "wrong_type")
+    return inputs, False
+
+
+def _pair_items(items: list, where: str, pair: bool, single: bool = False) -> list[Text]:
+    """Strings stay strings; `{"text": a, "text_pair": b}` becomes (a, b) (`{"text": a}` alone is the string a).
+    A pair sent to a single-text model, or a string to a pair model, is refused naming what the model reads."""
+    out: list[Text] = []
+    for i, item in enumerate(items):
+        at = where if single else f"{where}[{i}]"
+        if isinstance(item, dict):
+            _unknown_keys(item, (INPUT_NAME, PAIR_INPUT_NAME), at)
+            if INPUT_NAME not in item:
+                raise RequestError(422, f"{at} has no 'text'; a pair is {PAIR_EXAMPLE}", "missing_field")
+            item = (item[INPUT_NAME], item[PAIR_INPUT_NAME]) if PAIR_INPUT_NAME in item else item[INPUT_NAME]
+        if isinstance(item, tuple) and not pair:
+            raise RequestError(
+                422, f"{at} is a text pair, but this model classifies single texts: send strings", "not_single"
+            )
+        if isinstance(item, str) and pair:
+            raise RequestError(
+                422,
+                f"{at} is a single text, but this model classifies sentence pairs: send {PAIR_EXAMPLE}",
+                "not_pair",
+            )
+        out.append(item)
+    return out
+
+
+def _check_items(items: list[Text], where: str, limits: Limits) -> list[Text]:
+    """`check_texts` over every text of every item (pairs: both halves count against the per-text limit)."""
+    check_texts(items, where, limits, kinds=(str, tuple))
+    for i, item in enumerate(items):
+        if isinstance(item, tuple):
+            check_texts(list(item), f"{where}[{i}]", Limits(2, limits.max_text_chars))
+    return items
+
+
+def parse_predict(payload: Any, limits: Limits, pair: bool = False) -> PredictRequest:
+    """`{"inputs": ..., "parameters": {"top_k": int | null, "function_to_apply": ...}}` (HF style). `inputs` is a
+    string or a list of strings for a single-text model; `{"text": ..., "text_pair": ...}` or a list of such
+    objects for a sentence-pair model (`pair`)."""
     body = _object(payload, "request body")
     _unknown_keys(body, ("inputs", "parameters", "options"), "request body")
     if "inputs" not in body:
-        raise RequestError(422, "missing field 'inputs' (a string or a list of strings)", "missing_field")
-    inputs = body["inputs"]
-    single = isinstance(inputs, str)
-    if not single and not isinstance(inputs, list):
-        raise RequestError(422, f"'inputs' must be a string or a list of strings, not {_type(inputs)}", "wrong_type")
-    texts = check_texts([inputs] if single else inputs, "inputs", limits)
+        want = f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
+        raise RequestError(422, f"missing field 'inputs' ({want})", "missing_field")
+    items, single = _items(body["inputs"], pair)
+    texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
     params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
     _unknown_keys(params, ("top_k", "function_to_apply"), "'parameters'")
     top_k = params.get("top_k", 1)
@@ -179,8 +230,9 @@ def _flatten(data: list) -> list:
     return out
 
 
-def parse_infer(payload: Any, limits: Limits) -> InferRequest:
-    """An Open Inference Protocol v2 request with one BYTES input named "text" (shape [N] or [N, 1])."""
+def parse_infer(payload: Any, limits: Limits, pair: bool = False) -> InferRequest:
+    """An Open Inference Protocol v2 request: one BYTES input named "text" (shape [N] or [N, 1]), and for a
+    sentence-pair model (`pair`) a second one named "text_pair" of the same shape."""
     body = _object(payload, "request body")
     _unknown_keys(body, ("id", "parameters", "inputs", "outputs"), "request body")
     request_id = body.get("id")
@@ -189,25 +241,45 @@ def parse_infer(payload: Any, limits: Limits) -> InferRequest:
     if request_id is not None and not _is_unicode(request_id):  # echoed in the response, which must encode
         raise RequestError(422, "'id' is not valid Unicode text (it contains a lone surrogate escape)", "bad_text")
     _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+    names = (INPUT_NAME, PAIR_INPUT_NAME) if pair else (INPUT_NAME,)
+    wanted = " and ".join(repr(n) for n in names)
     inputs = body.get("inputs")
-    if not isinstance(inputs, list) or len(inputs) != 1:
+    if not isinstance(inputs, list) or len(inputs) != len(names):
         got = f"{len(inputs)} inputs" if isinstance(inputs, list) else _type(inputs)
+        model = "sentence-pair model" if pair else "single-text model"
         raise RequestError(
             422,
-            f"'inputs' must be a list of exactly one tensor (BYTES, named {INPUT_NAME!r}), not {got}",
-            "wrong_type",
+            f"'inputs' must be a list of {len(names)} BYTES tensor(s) named {wanted} for this {model}, not {got}",
+            "not_pair" if pair and isinstance(inputs, list) and len(inputs) == 1 else "wrong_type",
         )
-    tensor = _object(inputs[0], "inputs[0]")
-    _unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), "inputs[0]")
-    if tensor.get("name") != INPUT_NAME:
-        raise RequestError(
-            422,
-            f"unknown input {tensor.get('name')!r}; this model takes one BYTES input named {INPUT_NAME!r}"[:300],
-            "unknown_input",
-        )
+    tensors = {}
+    for i, tensor in enumerate(inputs):
+        tensor = _object(tensor, f"inputs[{i}]")
+        name = tensor.get("name")
+        if name in tensors:
+            raise RequestError(422, f"input {name!r} is given twice; this model takes {wanted}", "unknown_input")
+        if name not in names:
+            reason = "not_single" if name == PAIR_INPUT_NAME else "unknown_input"
+            raise RequestError(422, f"unknown input {name!r}; this model takes BYTES input(s) {wanted}"[:300], reason)
+        tensors[name] = _bytes_tensor(tensor, i, limits)
+    texts = tensors[INPUT_NAME]
+    if pair:
+        second = tensors[PAIR_INPUT_NAME]
+        if len(second) != len(texts):
+            raise RequestError(
+                422, f"'text' has {len(texts)} elements but 'text_pair' has {len(second)}; one per pair", "bad_shape"
+            )
+        texts = list(zip(texts, second, strict=True))
+    return InferRequest(texts, request_id, _requested_outputs(body.get("outputs")))
+
+
+def _bytes_tensor(tensor: dict, i: int, limits: Limits) -> list[str]:
+    """The strings of one BYTES input tensor of shape [N] or [N, 1], checked against the limits."""
+    _unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), f"inputs[{i}]")
+    name = tensor["name"]
     if tensor.get("datatype") != "BYTES":
         raise RequestError(
-            422, f"input 'text' must have datatype 'BYTES', not {tensor.get('datatype')!r}"[:300], "wrong_datatype"
+            422, f"input {name!r} must have datatype 'BYTES', not {tensor.get('datatype')!r}"[:300], "wrong_datatype"
         )
     shape = tensor.get("shape")
     if (
@@ -217,17 +289,16 @@ def parse_infer(payload: Any, limits: Limits) -> InferRequest:
         or any(type(d) is not int or d < 0 for d in shape)
         or (len(shape) == 2 and shape[1] != 1)
     ):
-        raise RequestError(422, f"input 'text' must have shape [N] or [N, 1], not {shape!r}"[:300], "bad_shape")
+        raise RequestError(422, f"input {name!r} must have shape [N] or [N, 1], not {shape!r}"[:300], "bad_shape")
     data = tensor.get("data")
     if not isinstance(data, list):
-        raise RequestError(422, f"input 'text' data must be a list of strings, not {_type(data)}", "wrong_type")
+        raise RequestError(422, f"input {name!r} data must be a list of strings, not {_type(data)}", "wrong_type")
     texts = _flatten(data)
     if len(texts) != math.prod(shape):
         raise RequestError(
-            422, f"input 'text' has {len(texts)} elements but shape {shape} needs {math.prod(shape)}", "bad_shape"
+            422, f"input {name!r} has {len(texts)} elements but shape {shape} needs {math.prod(shape)}", "bad_shape"
         )
-    check_texts(texts, "inputs[0].data", limits)
-    return InferRequest(texts, request_id, _requested_outputs(body.get("outputs")))
+    return check_texts(texts, f"inputs[{i}].data", limits)
 
 
 def _requested_outputs(outputs: Any) -> tuple[str, ...]:

@@ -143,20 +143,21 @@ def assert_one_line_error(result, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
 
 
-def quick_args(method, model_dir, tmp_path, *extra):
-    """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark."""
+def quick_args(method, model_dir, tmp_path, *extra, task=("--task", "sst2")):
+    """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark (`task`: the
+    options naming the task)."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
            # what `pipeline deploy` sets before importing Prefect; a test that imports flows first needs it too
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}  # fmt: skip
-    args = ["--method", method, "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path / "out"),
+    args = ["--method", method, *task, "--model", str(model_dir), "--output", str(tmp_path / "out"),
             "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra, *QUICK_BENCH]  # fmt: skip
     return args, env
 
 
-def quick_deploy(method, model_dir, tmp_path, *extra):
+def quick_deploy(method, model_dir, tmp_path, *extra, task=("--task", "sst2")):
     """A deploy on a tiny model with a token budget, loose accuracy gates and a one-cell benchmark; returns
     (process, artifact)."""
-    args, env = quick_args(method, model_dir, tmp_path, *extra, *LOOSE_GATES)
+    args, env = quick_args(method, model_dir, tmp_path, *extra, *LOOSE_GATES, task=task)
     result = run_cli(args, env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result, Path(result.stdout.strip().splitlines()[-1])
@@ -170,8 +171,6 @@ def run_cli(args, env):
 
 # --- serving: a real tiny artifact and servers on loopback ports ------------------------------------------
 
-LABELS = {0: "negative", 1: "positive"}
-
 
 def dev_sentences() -> list[str]:
     """The shipped SST-2 dev sample (250 sentences)."""
@@ -179,21 +178,26 @@ def dev_sentences() -> list[str]:
     return [line.split("\t")[0] for line in lines]
 
 
-def tiny_artifact(base: Path) -> Path:
-    """A published artifact of a tiny random BERT classifier (fp32 + int8 graphs, tokenizer, manifest), built
-    with the project's own export and packaging functions; reused when `base` already holds it."""
-    final = base / "sst2-tiny-serving"
+def tiny_artifact(base: Path, task: str = "sst2") -> Path:
+    """A published artifact of a tiny random BERT classifier for a built-in `task` (fp32 + int8 graphs, tokenizer,
+    the task block, manifest), built with the project's own export and packaging functions; reused when `base`
+    already holds it. `rte` gives a sentence-pair artifact."""
+    final = base / f"{task}-tiny-serving"
     if (final / "manifest.json").is_file():
         return final
     from export.onnx import export_optimized
-    from export.package import new_staging, publish
+    from export.package import new_staging, publish, stamp_task
+    from pipeline.data.tasks import get_task
 
-    model = tiny_model("bert")
-    model.config.id2label, model.config.label2id = LABELS, {v: k for k, v in LABELS.items()}
+    spec = get_task(task)
+    model = tiny_model("bert", num_labels=spec.num_labels)
+    model.config.id2label = dict(enumerate(spec.labels))
+    model.config.label2id = {v: k for k, v in model.config.id2label.items()}
     staging = new_staging(base, final.name)
     export_optimized(model, tiny_tokenizer("bert"), staging)
+    stamp_task(staging, spec.describe())
     report = {
-        "task": "sst2",
+        "task": task,
         "method": "none",
         "data": {"source": "test"},
         "teacher": {"source": "tiny", "path": None},

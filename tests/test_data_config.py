@@ -59,7 +59,7 @@ def test_limits_take_a_seeded_train_subset_and_dev_head():
                 "train.tsv": (["sentence", "label"], [("good", "2")]),
                 "dev.tsv": (["sentence", "label"], [("bad", "0")]),
             },
-            "out of range",
+            r"train.tsv:2: label .2. is not one of task sst2.s labels \(0, 1\)",
         ),
         (
             {"train.tsv": (["sentence", "label"], []), "dev.tsv": (["sentence", "label"], [("bad", "0")])},
@@ -77,7 +77,7 @@ def test_bad_data_folders(tmp_path, files, message):
 
 def test_every_task_resolves_and_unknown_lists_known():
     for name, spec in TASKS.items():
-        assert get_task(name) is spec and len(spec.tsv_label_values) == spec.num_labels
+        assert get_task(name) is spec and len(spec.label_values) == spec.num_labels
     with pytest.raises(PipelineError, match="known tasks: mnli, mrpc"):
         get_task("cola")
 

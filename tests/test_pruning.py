@@ -16,6 +16,7 @@ from pipeline.compress.methods.smp.stage import apply as smp_apply
 from pipeline.config.schema import MaskConfig, TrainConfig
 from pipeline.data.encoding import encode_task, iter_batches
 from pipeline.data.loaders import load_task_data
+from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_model, save_model
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
@@ -39,7 +40,7 @@ def _context(kind="bert", teacher=None):
     teacher = teacher or tiny_model(kind, layers=2)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    return StageContext(teacher=teacher, train=train_enc, validation=dev_enc, task="sst2")
+    return StageContext(teacher=teacher, train=train_enc, validation=dev_enc, task=get_task("sst2"))
 
 
 def _weights(model):

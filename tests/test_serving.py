@@ -82,6 +82,8 @@ def test_predict_shapes_and_parameters(server, client, session):
     [best] = session.predict(["a warm , funny film"])
     single = client.post(f"{server}/predict", json={"inputs": "a warm , funny film"}).json()
     assert [d["label"] for d in single] == [best[0]["label"]] and single[0]["score"] == pytest.approx(best[0]["score"])
+    as_object = client.post(f"{server}/predict", json={"inputs": {"text": "a warm , funny film"}}).json()
+    assert as_object == single  # the Hugging Face object form without a text_pair is the text itself
     batch = client.post(f"{server}/predict", json={"inputs": ["good", "bad"], "parameters": {"top_k": 2}}).json()
     assert len(batch) == 2 and all(len(row) == 2 and row[0]["score"] >= row[1]["score"] for row in batch)
     clamped = client.post(f"{server}/predict", json={"inputs": "x", "parameters": {"top_k": 99}}).json()
@@ -175,8 +177,29 @@ BAD = [
     ("/predict", b'{"inputs": "a", "parameters": [1]}', 422, "'parameters' must be a JSON object"),
     ("/predict", b'{"inputs": "a", "parameters": {"temperature": 1}}', 422, "unknown field(s) in 'parameters'"),
     ("/predict", json.dumps({"inputs": "a" * 20_001}).encode(), 413, "request body is 20015 bytes; at most 20000"),
-    (INFER, b'{"inputs": "x"}', 422, "'inputs' must be a list of exactly one tensor"),
+    (INFER, b'{"inputs": "x"}', 422, "'inputs' must be a list of 1 BYTES tensor(s) named 'text'"),
     (INFER, b'{"inputs": []}', 422, "not 0 inputs"),
+    (
+        "/predict",
+        b'{"inputs": {"text": "a", "text_pair": "b"}}',
+        422,
+        "inputs is a text pair, but this model classifies",
+    ),
+    ("/predict", b'{"inputs": ["a", {"text": "a", "text_pair": "b"}]}', 422, "inputs[1] is a text pair"),
+    (
+        INFER,
+        json.dumps(
+            {"inputs": [*json.loads(_tensor())["inputs"], {**json.loads(_tensor())["inputs"][0], "name": "text_pair"}]}
+        ).encode(),
+        422,
+        "a list of 1 BYTES tensor(s) named 'text' for this single-text model, not 2 inputs",
+    ),
+    (
+        INFER,
+        _tensor(name="text_pair").encode(),
+        422,
+        "unknown input 'text_pair'; this model takes BYTES input(s) 'text'",
+    ),
     (INFER, _tensor(name="sentence").encode(), 422, "unknown input 'sentence'"),
     (INFER, _tensor(datatype="FP32").encode(), 422, "datatype 'BYTES'"),
     (INFER, _tensor(shape=[2]).encode(), 422, "has 1 elements but shape [2] needs 2"),
@@ -225,7 +248,7 @@ class GatedModel:
     """The real session, held at a gate: tests decide when a model call may finish."""
 
     def __init__(self, session) -> None:
-        self.session, self.labels = session, session.labels
+        self.session, self.labels, self.pair = session, session.labels, session.pair
         self.entered, self.gate = threading.Event(), threading.Event()
         self.calls: list[int] = []
 

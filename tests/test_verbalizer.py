@@ -14,7 +14,7 @@ from pipeline.compress.methods.smp.verbalizer import (
 )
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
-from pipeline.data.tasks import TASKS
+from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
 from pipeline.train.metrics import predict_logits
 from tests.helpers import tiny_model, tiny_tokenizer, write_tiny_model_dir
@@ -58,7 +58,7 @@ def test_logits_are_the_mlm_logits_of_the_label_words_at_the_first_token(kind, t
     path, reference = mlm[kind]
     spec = TASKS[task]
     words = WORDS[kind][: spec.num_labels]
-    model = build_verbalizer_classifier(path, task, words)
+    model = build_verbalizer_classifier(path, spec, words)
     ids = label_word_ids(tiny_tokenizer(kind), words, kind)
     batch = _batch(kind, pair=spec.is_pair)
     with torch.no_grad():
@@ -75,7 +75,7 @@ def test_saved_verbalizer_reloads_strictly_after_install(kind, mlm, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    model = build_verbalizer_classifier(mlm[kind][0], "sst2", WORDS[kind][:2])
+    model = build_verbalizer_classifier(mlm[kind][0], get_task("sst2"), WORDS[kind][:2])
     model.save_pretrained(tmp_path)
     tiny_tokenizer(kind).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
@@ -93,7 +93,7 @@ def test_saved_verbalizer_reloads_strictly_after_install(kind, mlm, tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_onnx_export_matches_torch(kind, mlm, tmp_path):
-    model = build_verbalizer_classifier(mlm[kind][0], "sst2", WORDS[kind][:2])
+    model = build_verbalizer_classifier(mlm[kind][0], get_task("sst2"), WORDS[kind][:2])
     tokenizer = tiny_tokenizer(kind)
     raw = export_onnx(model, tokenizer, tmp_path / "raw")
     optimize_onnx(raw, tmp_path / "model.onnx")
@@ -113,7 +113,7 @@ def test_has_mlm_head(kind, mlm, tmp_path):
     assert not has_mlm_head(classifier)
     assert not has_mlm_head(write_tiny_model_dir(tmp_path / "bare", kind, classifier=False))
     with pytest.raises(PipelineError, match="no pre-trained MLM head"):
-        build_verbalizer_classifier(classifier, "sst2", WORDS[kind][:2])
+        build_verbalizer_classifier(classifier, get_task("sst2"), WORDS[kind][:2])
 
 
 @pytest.mark.parametrize(("kind", "word"), [("bert", "unfunnyfilm"), ("bert", "☃"), ("roberta", "unfunnyfilm")])

@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 
 from pipeline.data.encoding import Encoded
+from pipeline.data.tasks import TaskSpec
 
 
 @dataclass
@@ -22,6 +23,6 @@ class StageContext:
     teacher: nn.Module
     train: Encoded
     validation: Encoded
-    task: str = ""
+    task: TaskSpec | None = None
     base_model: str | None = None
     report: dict[str, Any] = field(default_factory=dict)

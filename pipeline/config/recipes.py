@@ -27,7 +27,10 @@ DEFAULT_TEACHER = "default"
 
 
 def default_recipe_path(method: str, task: str) -> Path | None:
-    for name in (f"{task}.yaml", "default.yaml"):
+    """recipes/<method>/<task>.yaml for a built-in task that has one, else recipes/<method>/default.yaml."""
+    from pipeline.data.tasks import TASKS
+
+    for name in (f"{task}.yaml", "default.yaml") if task in TASKS else ("default.yaml",):
         path = RECIPES_DIR / method / name
         if path.is_file():
             return path

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.data.tasks import CustomTask, TaskSpec, task_spec
 from pipeline.errors import PipelineError
 
 
@@ -70,7 +71,9 @@ class MethodConfig(FrozenModel):
     name: ClassVar[str]
     train: TrainConfig = TrainConfig()
 
-    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+    def preflight(
+        self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
+    ) -> None:
         """Check the config against the base model folder, the teacher folder when given (its config in
         `model_config`, else the base model's) and the task, before any stage runs; raise PipelineError."""
 
@@ -211,7 +214,9 @@ class Gates(FrozenModel):
 
     compaction_atol: float = 1e-5
     onnx_atol: float = 1e-4
-    int8_max_drop: float = Field(1.0, ge=0, description="points of accuracy int8 may lose against ONNX fp32")
+    int8_max_drop: float = Field(
+        1.0, ge=0, description="points of the task's metric int8 may lose against ONNX fp32 (validation split)"
+    )
     max_metric_drop: float = Field(
         3.0,
         ge=0,
@@ -261,6 +266,7 @@ class DeployConfig(FrozenModel):
     """
 
     task: str
+    custom_task: CustomTask | None = None  # a user's task (`--task-file`); it travels with the artifact's config
     method: str
     config: dict[str, Any] = {}
     teacher: TrainConfig
@@ -269,6 +275,10 @@ class DeployConfig(FrozenModel):
     gates: Gates = Gates()
     target: TargetConfig = TargetConfig()
     export: ExportSettings = ExportSettings()
+
+    @property
+    def task_spec(self) -> TaskSpec:
+        return task_spec(self.task, self.custom_task)
 
 
 def validate(cls: type[BaseModel], data: Any, what: str) -> Any:

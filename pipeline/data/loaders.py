@@ -1,19 +1,23 @@
-"""Load a task's train and dev sets from a GLUE TSV folder, a Hugging Face dataset, or the shipped sample,
-and carve a fixed validation split out of train.
+"""Load a task's train and dev sets from a GLUE TSV folder, the user's own files (`--task-file`: TSV, CSV or JSONL),
+a local Hugging Face dataset folder, the Hugging Face hub, or the shipped sample, and carve a fixed validation
+split out of train.
 
 Every choice a run makes (recipes, checkpoints, gates) looks at the validation split; dev is the reported test and
 is never used to choose. The validation split is a seeded random slice of the source's train file taken before any
 `max_train` cap, so it is the same examples whatever the training budget.
 
-The user names the source: `--data-dir DIR` (GLUE TSV) or `--hub` (the Hugging Face dataset, online or from the
-local datasets cache). A named source that fails is an error naming it. With no source named, the project's own
-small sample is used (sst2 only) and the run says so. The chosen source is recorded in `TaskData.source`.
+The user names the source: `--data-dir DIR` (a GLUE TSV folder, or a local Hugging Face dataset: a `save_to_disk`
+folder or parquet/JSONL/CSV files named by split), `--hub` (the Hugging Face dataset, online or from the local
+datasets cache) or `--task-file` (a user's task names its own files). A named source that fails is an error naming
+it. With no source named, the project's own small sample is used (sst2 only) and the run says so. The chosen
+source is recorded in `TaskData.source`.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import logging
 import math
 import os
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.schema import DataLimits
-from pipeline.data.tasks import TaskSpec, get_task
+from pipeline.data.tasks import FORMATS, TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,7 @@ class TaskData:
     @property
     def fingerprint(self) -> str:
         """sha256 over every example: the cache key of anything trained on this data."""
-        h = hashlib.sha256(self.task.name.encode())
+        h = hashlib.sha256(self.task.identity.encode())
         for split in (self.train, self.validation, self.dev):
             _split_digest(h, split)
         return h.hexdigest()
@@ -117,21 +121,27 @@ def carve_validation(train: Split, size: int, fraction: float, seed: int) -> tup
 
 
 def load_task_data(
-    task: str,
+    task: TaskSpec | str,
     data_dir: str | Path | None = None,
     max_train: int | None = None,
     max_dev: int | None = None,
     source: str | None = None,
     validation: tuple[int, float, int] = DEFAULT_VALIDATION,
 ) -> TaskData:
-    """Load train/validation/dev for `task`; `source` ("tsv", "hub", "sample") skips the resolution (see module
-    doc); `validation` is (most examples, most fraction of train, seed) of the carved validation split."""
-    spec = get_task(task)
+    """Load train/validation/dev for `task` (a spec, or a built-in task's name); `source` ("tsv", "hf-folder",
+    "files", "hub", "sample") skips the resolution (see module doc); `validation` is (most examples, most fraction
+    of train, seed) of the carved validation split."""
+    spec = get_task(task) if isinstance(task, str) else task
     source = source or resolve_source(spec, data_dir)
-    if source == "tsv":
-        if data_dir is None:
-            raise PipelineError("source 'tsv' needs a data folder")
+    if source in ("tsv", "hf-folder") and data_dir is None:
+        raise PipelineError(f"source {source!r} needs a data folder")
+    if source == "files":
+        train, dev = read_split(spec, Path(spec.train_file)), read_split(spec, Path(spec.dev_file))
+        label = f"task files {spec.train_file} and {spec.dev_file}"
+    elif source == "tsv":
         train, dev, label = _from_tsv_dir(spec, Path(data_dir))
+    elif source == "hf-folder":
+        train, dev, label = _from_hf_folder(spec, Path(data_dir))
     elif source == "hub":
         train, dev, label = _from_hub(spec)
     else:
@@ -147,14 +157,23 @@ def load_task_data(
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:
-    """The source the user named ("tsv" for a folder, "hub" for the Hugging Face dataset), else "sample".
+    """The source the user named ("tsv" or "hf-folder" for a folder, "hub" for the Hugging Face dataset, "files"
+    for a user's task), else "sample".
 
     A named source that fails is an error naming it (when it is loaded); the shipped sample is used only when no
     source was named, and the run says so.
     """
     if data_dir is not None and hub:
         raise PipelineError("name one data source: --data-dir or --hub, not both")
+    if spec.custom:
+        if data_dir is not None or hub:
+            flag = "--hub" if hub else "--data-dir"
+            raise PipelineError(f"task {spec.name} names its own train and dev files (--task-file): drop {flag}")
+        return "files"
     if data_dir is not None:
+        folder = Path(data_dir)
+        if not (folder / spec.train_file).is_file() and _hf_layout(folder, spec) is not None:
+            return "hf-folder"
         return "tsv"
     if hub:
         return "hub"
@@ -179,45 +198,91 @@ def _limit(split: Split, n: int | None, shuffle: bool) -> Split:
 def _from_tsv_dir(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
     if not folder.is_dir():
         raise PipelineError(f"data folder not found: {folder}")
-    train = _read_tsv(spec, folder / spec.train_file)
-    dev = _read_tsv(spec, folder / spec.dev_file)
+    for name in (spec.train_file, spec.dev_file):
+        if not (folder / name).is_file():
+            raise PipelineError(
+                f"{folder}: missing {name} (task {spec.name} expects {spec.train_file} and {spec.dev_file}, or a "
+                "Hugging Face dataset folder)"
+            )
+    train, dev = read_split(spec, folder / spec.train_file), read_split(spec, folder / spec.dev_file)
     return train, dev, f"GLUE TSV folder {folder.resolve()}"
 
 
-def _read_tsv(spec: TaskSpec, path: Path) -> Split:
+# --- data files: TSV (GLUE: tabs, no quoting), CSV (quoted), JSONL (one object per line) -------------------------
+
+
+def read_split(spec: TaskSpec, path: Path) -> Split:
+    """The examples of one data file, its format from its extension. Every bad row is an error naming the file,
+    the line and the value: a missing column, a text that is not a string, a label outside the task's set."""
     if not path.is_file():
-        raise PipelineError(
-            f"{path.parent}: missing {path.name} (task {spec.name} expects {spec.train_file} and {spec.dev_file})"
-        )
-    # utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue itself to the first column name
-    with path.open(encoding="utf-8-sig", newline="") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(rows, None)
-        if header is None:
-            raise PipelineError(f"{path}: file is empty")
-        wanted = (*spec.tsv_text_columns, spec.tsv_label_column)
-        missing = [c for c in wanted if c not in header]
-        if missing:
-            raise PipelineError(f"{path}: missing column(s) {', '.join(missing)}; header is {', '.join(header)}")
-        cols = [header.index(c) for c in wanted]
-        values = {v: i for i, v in enumerate(spec.tsv_label_values)}
-        texts, labels = [], []
-        for lineno, row in enumerate(rows, start=2):
-            if not row or row == [""]:
-                continue
-            if len(row) <= max(cols):
-                raise PipelineError(f"{path}:{lineno}: expected {len(header)} tab-separated fields, got {len(row)}")
-            raw = row[cols[-1]].strip()
-            if raw not in values:
-                raise PipelineError(
-                    f"{path}:{lineno}: label {raw!r} out of range for {spec.name} "
-                    f"(expected one of {', '.join(values)})"
-                )
-            texts.append(tuple(row[c] for c in cols[:-1]))
-            labels.append(values[raw])
+        raise PipelineError(f"data file not found: {path}")
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise PipelineError(f"{path}: unknown format {path.suffix!r}; data files are {', '.join(FORMATS)}")
+    columns = (*spec.text_columns, spec.label_column)
+    values = {v: i for i, v in enumerate(spec.label_values)}
+    texts, labels = [], []
+    for lineno, record in _records(path, fmt, columns):
+        for c in spec.text_columns:
+            if not isinstance(record[c], str):
+                raise PipelineError(f"{path}:{lineno}: column {c!r} is {_kind(record[c])}; expected text")
+        raw = record[spec.label_column]
+        key = str(raw).strip() if isinstance(raw, str | int) and not isinstance(raw, bool) else None
+        if key not in values:
+            raise PipelineError(
+                f"{path}:{lineno}: label {raw!r} is not one of task {spec.name}'s labels ({', '.join(values)})"
+            )
+        texts.append(tuple(record[c] for c in spec.text_columns))
+        labels.append(values[key])
     if not labels:
         raise PipelineError(f"{path}: no examples")
     return Split(texts, labels)
+
+
+def _kind(value) -> str:
+    return "missing (null)" if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
+
+
+def _records(path: Path, fmt: str, columns: tuple[str, ...]):
+    """(line number, {column: value}) for each non-blank row; the columns are checked against the header (TSV,
+    CSV) or each object (JSONL). utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue
+    itself to the first column's name."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        if fmt == "jsonl":
+            yield from _jsonl_records(path, f, columns)
+            return
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else csv.reader(f)
+        header = next(rows, None)
+        if header is None:
+            raise PipelineError(f"{path}: file is empty")
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise PipelineError(f"{path}: missing column(s) {', '.join(missing)}; header is {', '.join(header)}")
+        cols = [header.index(c) for c in columns]
+        sep = "tab-separated" if fmt == "tsv" else "comma-separated"
+        for row in rows:
+            if not row or row == [""]:
+                continue
+            if len(row) <= max(cols):
+                raise PipelineError(f"{path}:{rows.line_num}: expected {len(header)} {sep} fields, got {len(row)}")
+            yield rows.line_num, {c: row[i] for c, i in zip(columns, cols, strict=True)}
+
+
+def _jsonl_records(path: Path, f, columns: tuple[str, ...]):
+    for lineno, line in enumerate(f, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PipelineError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise PipelineError(f"{path}:{lineno}: expected a JSON object, got {_kind(obj)}")
+        missing = [c for c in columns if c not in obj]
+        if missing:
+            keys = ", ".join(list(obj)[:10])
+            raise PipelineError(f"{path}:{lineno}: missing column(s) {', '.join(missing)}; the object has {keys}")
+        yield lineno, obj
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:
@@ -242,39 +307,129 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     return bool(result and result[0])
 
 
+def _offline_datasets(online: bool):
+    """The datasets module, reading only local files and caches unless `online`."""
+    if not online:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"  # read at datasets' import
+    import datasets
+
+    if not online:
+        datasets.config.HF_HUB_OFFLINE = True
+    return datasets
+
+
 def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
     """The dataset from the hub, or from the local datasets cache when offline; an error naming it otherwise."""
+    if spec.hf_dataset is None:
+        raise PipelineError(f"task {spec.name} has no Hugging Face dataset; pass --data-dir DIR")
     name = "/".join(spec.hf_dataset)
     online = hub_reachable()
-    if not online:
-        os.environ["HF_DATASETS_OFFLINE"] = "1"  # read the cache only; read at datasets' import
     try:
-        import datasets
-
-        if not online:
-            datasets.config.HF_HUB_OFFLINE = True
-        ds = datasets.load_dataset(*spec.hf_dataset)
+        ds = _offline_datasets(online).load_dataset(*spec.hf_dataset)
     except Exception as e:  # unreachable and not cached, or datasets' own errors
         where = "the hub" if online else "the local datasets cache (the hub is unreachable)"
         raise PipelineError(f"--hub: dataset {name} could not be loaded from {where}: {one_line(e)}") from None
-
-    def split(part_name: str) -> Split:
-        part = ds[part_name]
-        texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
-        labels = [int(x) for x in part["label"]]
-        keep = [i for i, y in enumerate(labels) if 0 <= y < spec.num_labels]  # GLUE test-style -1 labels
-        return Split([texts[i] for i in keep], [labels[i] for i in keep])
-
     where = "hub" if online else "local cache"
-    return split("train"), split(spec.hf_dev_split), f"Hugging Face dataset {name} ({where})"
+    return (
+        _hf_split(spec, ds, "train", name),
+        _hf_split(spec, ds, spec.hf_dev_split, name),
+        (f"Hugging Face dataset {name} ({where})"),
+    )
+
+
+HF_FILE_TYPES = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def _hf_layout(folder: Path, spec: TaskSpec) -> tuple[str, dict[str, list[str]]] | None:
+    """How a local Hugging Face dataset folder is laid out: ("disk", {}) for `save_to_disk` output, (builder,
+    {split: files}) for data files named by split (`train.parquet`, `validation-00000-of-00001.parquet`, also
+    under `data/`), None when the folder is neither."""
+    if (folder / "dataset_dict.json").is_file():
+        return "disk", {}
+    for ext, builder in HF_FILE_TYPES.items():
+        files: dict[str, list[str]] = {}
+        for split in ("train", *dict.fromkeys((spec.hf_dev_split, "validation", "dev"))):
+            found = sorted({*folder.glob(f"{split}{ext}"), *folder.glob(f"{split}-*{ext}"),
+                            *folder.glob(f"data/{split}{ext}"), *folder.glob(f"data/{split}-*{ext}")})  # fmt: skip
+            if found:
+                files[split] = [str(p) for p in found]
+        if "train" in files and len(files) > 1:
+            return builder, files
+    return None
+
+
+def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
+    """A local Hugging Face dataset (offline): `save_to_disk` output or parquet/JSONL/CSV files named by split."""
+    if not folder.is_dir():
+        raise PipelineError(f"data folder not found: {folder}")
+    layout = _hf_layout(folder, spec)
+    if layout is None:
+        raise PipelineError(f"{folder}: neither GLUE TSV files nor a Hugging Face dataset folder")
+    builder, files = layout
+    datasets = _offline_datasets(online=False)
+    try:
+        if builder == "disk":
+            ds = datasets.load_from_disk(str(folder))
+        else:
+            ds = datasets.load_dataset(builder, data_files=files)
+    except Exception as e:
+        raise PipelineError(f"{folder}: the Hugging Face dataset could not be loaded: {one_line(e)}") from None
+    if not isinstance(ds, datasets.DatasetDict):
+        raise PipelineError(f"{folder}: a single split; save a DatasetDict with train and validation splits")
+    dev = next((n for n in (spec.hf_dev_split, "validation", "dev") if n in ds), None)
+    if "train" not in ds or dev is None:
+        raise PipelineError(f"{folder}: needs a train and a validation (or dev) split; it has {', '.join(ds)}")
+    kind = "save_to_disk folder" if builder == "disk" else f"{builder} files"
+    where = str(folder.resolve())
+    return (
+        _hf_split(spec, ds, "train", where),
+        _hf_split(spec, ds, dev, where),
+        (f"Hugging Face dataset {where} ({kind}, offline)"),
+    )
+
+
+def _hf_split(spec: TaskSpec, ds, part_name: str, where: str) -> Split:
+    """One split of a Hugging Face dataset: integer labels are class ids (GLUE's test-style -1 rows are
+    dropped), string labels are the task's label values."""
+    if part_name not in ds:
+        raise PipelineError(f"{where}: no split {part_name!r}; it has {', '.join(ds)}")
+    part = ds[part_name]
+    columns = (*spec.hf_text_columns, "label")
+    missing = [c for c in columns if c not in part.column_names]
+    if missing:
+        raise PipelineError(
+            f"{where}: split {part_name} has no column(s) {', '.join(missing)}; it has {', '.join(part.column_names)}"
+        )
+    texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
+    values = {v: i for i, v in enumerate(spec.label_values)}
+    kept_texts, labels = [], []
+    for row, (text, raw) in enumerate(zip(texts, part["label"], strict=True)):
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            if raw == -1:
+                continue
+            label = raw if 0 <= raw < spec.num_labels else None
+        else:
+            label = values.get(str(raw).strip())
+        if label is None:
+            known = f"{', '.join(values)} or ids 0-{spec.num_labels - 1}"
+            raise PipelineError(
+                f"{where}: split {part_name}, row {row}: label {raw!r} is not one of {spec.name}'s labels ({known})"
+            )
+        if not all(isinstance(t, str) for t in text):
+            raise PipelineError(f"{where}: split {part_name}, row {row}: a text is not a string ({text!r:.80})")
+        kept_texts.append(text)
+        labels.append(label)
+    if not labels:
+        raise PipelineError(f"{where}: split {part_name} has no labelled examples")
+    return Split(kept_texts, labels)
 
 
 @dataclass(frozen=True)
 class DataRef:
     """What stages pass instead of data: enough to reload the same examples (loading is cheap and deterministic)."""
 
-    task: str
-    source: str  # "tsv", "hub" or "sample", resolved once by `resolve_source`
+    task: TaskSpec
+    source: str  # "tsv", "hf-folder", "files", "hub" or "sample", resolved once by `resolve_source`
     data_dir: str | None = None
     max_train: int | None = None
     max_dev: int | None = None

@@ -1,15 +1,22 @@
-"""Tasks are data, not branches: one `TaskSpec` per GLUE-style classification task.
+"""Tasks are data, not branches: one `TaskSpec` per sequence-classification task.
 
-A spec says where the text and the label live in each source (GLUE TSV folder, Hugging Face dataset), how
-raw label values map to class ids, and which metric to report. Pair tasks need no code change: they name two
-text columns.
+A spec says where the text and the label live in each source (files, Hugging Face dataset), how raw label values
+map to class ids, and which metric to report. Pair tasks need no code change: they name two text columns. The
+built-in GLUE tasks are in `TASKS`; a user's own task comes from a small YAML file (`CustomTask`, `--task-file`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipeline.errors import PipelineError
+
+METRICS = ("accuracy", "f1", "macro_f1")
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}  # a data file's format, from its extension
 
 
 @dataclass(frozen=True)
@@ -17,31 +24,33 @@ class TaskSpec:
     """A sequence-classification task.
 
     Attributes:
-        name: registry key and CLI value.
+        name: registry key and CLI value (or the user's task name).
         labels: class names in id order (they become the model's `id2label`).
-        tsv_text_columns: header names of the text column(s) in the GLUE TSV files (two for pair tasks).
-        tsv_label_column: header name of the label column.
-        tsv_label_values: the raw TSV value of each class, in id order.
-        train_file, dev_file: file names inside `--data-dir`.
-        hf_dataset: `datasets.load_dataset` arguments (path, config name).
-        hf_text_columns: text field(s) in the Hugging Face dataset.
+        text_columns: the text column(s) in the data files (two for pair tasks).
+        label_column: the label column.
+        label_values: the raw value of each class in the files, in id order.
+        hf_dataset: `datasets.load_dataset` arguments (path, config name); None for a user's task.
+        hf_text_columns: text field(s) in the Hugging Face dataset (also read from a local dataset folder).
+        train_file, dev_file: file names inside `--data-dir` (absolute paths for a user's task).
         hf_dev_split: the split used as dev.
-        metric: headline metric, `accuracy` or `f1` (binary, positive class 1).
+        metric: headline metric: accuracy, f1 (two labels, positive class 1) or macro_f1.
         has_sample: whether the project ships an embedded sample for this task.
+        custom: a user's task (`--task-file`), not a built-in one.
     """
 
     name: str
     labels: tuple[str, ...]
-    tsv_text_columns: tuple[str, ...]
-    tsv_label_column: str
-    tsv_label_values: tuple[str, ...]
-    hf_dataset: tuple[str, str]
-    hf_text_columns: tuple[str, ...]
+    text_columns: tuple[str, ...]
+    label_column: str
+    label_values: tuple[str, ...]
+    hf_dataset: tuple[str, str] | None = None
+    hf_text_columns: tuple[str, ...] = ()
     train_file: str = "train.tsv"
     dev_file: str = "dev.tsv"
     hf_dev_split: str = "validation"
     metric: str = "accuracy"
     has_sample: bool = False
+    custom: bool = False
 
     @property
     def num_labels(self) -> int:
@@ -49,7 +58,22 @@ class TaskSpec:
 
     @property
     def is_pair(self) -> bool:
-        return len(self.tsv_text_columns) == 2
+        return len(self.text_columns) == 2
+
+    @property
+    def identity(self) -> str:
+        """What the data fingerprint hashes besides the examples: a user's task also by its label names."""
+        return self.name if not self.custom else f"{self.name}\x1f" + "\x1f".join(self.labels)
+
+    def describe(self) -> dict:
+        """The task block that travels with an artifact (config.json and manifest): what any consumer needs."""
+        return {
+            "name": self.name,
+            "labels": list(self.labels),
+            "text_columns": list(self.text_columns),
+            "pair": self.is_pair,
+            "metric": self.metric,
+        }
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -58,9 +82,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="sst2",
             labels=("negative", "positive"),
-            tsv_text_columns=("sentence",),
-            tsv_label_column="label",
-            tsv_label_values=("0", "1"),
+            text_columns=("sentence",),
+            label_column="label",
+            label_values=("0", "1"),
             hf_dataset=("glue", "sst2"),
             hf_text_columns=("sentence",),
             has_sample=True,
@@ -68,9 +92,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="mrpc",
             labels=("not_equivalent", "equivalent"),
-            tsv_text_columns=("#1 String", "#2 String"),
-            tsv_label_column="Quality",
-            tsv_label_values=("0", "1"),
+            text_columns=("#1 String", "#2 String"),
+            label_column="Quality",
+            label_values=("0", "1"),
             hf_dataset=("glue", "mrpc"),
             hf_text_columns=("sentence1", "sentence2"),
             metric="f1",
@@ -78,18 +102,18 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="rte",
             labels=("entailment", "not_entailment"),
-            tsv_text_columns=("sentence1", "sentence2"),
-            tsv_label_column="label",
-            tsv_label_values=("entailment", "not_entailment"),
+            text_columns=("sentence1", "sentence2"),
+            label_column="label",
+            label_values=("entailment", "not_entailment"),
             hf_dataset=("glue", "rte"),
             hf_text_columns=("sentence1", "sentence2"),
         ),
         TaskSpec(
             name="mnli",
             labels=("entailment", "neutral", "contradiction"),
-            tsv_text_columns=("sentence1", "sentence2"),
-            tsv_label_column="gold_label",
-            tsv_label_values=("entailment", "neutral", "contradiction"),
+            text_columns=("sentence1", "sentence2"),
+            label_column="gold_label",
+            label_values=("entailment", "neutral", "contradiction"),
             hf_dataset=("glue", "mnli"),
             hf_text_columns=("premise", "hypothesis"),
             dev_file="dev_matched.tsv",
@@ -98,9 +122,9 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             name="qnli",
             labels=("entailment", "not_entailment"),
-            tsv_text_columns=("question", "sentence"),
-            tsv_label_column="label",
-            tsv_label_values=("entailment", "not_entailment"),
+            text_columns=("question", "sentence"),
+            label_column="label",
+            label_values=("entailment", "not_entailment"),
             hf_dataset=("glue", "qnli"),
             hf_text_columns=("question", "sentence"),
         ),
@@ -113,4 +137,110 @@ def get_task(name: str) -> TaskSpec:
     try:
         return TASKS[name]
     except KeyError:
-        raise PipelineError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}") from None
+        raise PipelineError(
+            f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))} (or define your own: --task-file)"
+        ) from None
+
+
+class CustomTask(BaseModel):
+    """A user's task, as its YAML file declares it (`--task-file`); train and dev are absolute once loaded.
+
+    ```yaml
+    name: intents
+    train: data/train.jsonl        # .tsv, .csv or .jsonl (format from the extension), relative to this file
+    dev: data/dev.jsonl
+    text_columns: [premise, hypothesis]   # one column, or two for a pair task
+    label_column: label
+    labels: [entailment, neutral, contradiction]   # in id order; string or integer values as in the files
+    metric: accuracy               # accuracy | f1 (two labels) | macro_f1
+    ```
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    train: str
+    dev: str
+    text_columns: tuple[str, ...]
+    label_column: str = Field(min_length=1)
+    labels: tuple[str | int, ...]
+    metric: Literal["accuracy", "f1", "macro_f1"] = "accuracy"
+
+    @field_validator("text_columns", mode="before")
+    @classmethod
+    def _one_or_two(cls, v):
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list | tuple) or not 1 <= len(v) <= 2 or not all(isinstance(c, str) and c for c in v):
+            raise ValueError("give one text column, or two for a pair task")
+        if len(v) == 2 and v[0] == v[1]:
+            raise ValueError(f"a pair task needs two different columns, not {v[0]!r} twice")
+        return v
+
+    @field_validator("train", "dev")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if Path(v).suffix.lower() not in FORMATS:
+            raise ValueError(f"{v!r}: the format comes from the extension, one of {', '.join(FORMATS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _labels(self) -> CustomTask:
+        if self.name in TASKS:
+            raise ValueError(f"name {self.name!r} is a built-in task; use --task {self.name}, or another name")
+        values = [str(v) for v in self.labels]
+        if len(values) < 2:
+            raise ValueError(f"labels: a classification task needs at least two labels, got {values}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"labels: each label once, got {values}")
+        if self.metric == "f1" and len(values) != 2:
+            raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
+        return self
+
+    def spec(self) -> TaskSpec:
+        values = tuple(str(v) for v in self.labels)
+        return TaskSpec(
+            name=self.name,
+            labels=values,
+            text_columns=self.text_columns,
+            label_column=self.label_column,
+            label_values=values,
+            hf_text_columns=self.text_columns,
+            train_file=self.train,
+            dev_file=self.dev,
+            metric=self.metric,
+            custom=True,
+        )
+
+
+def load_task_file(path: str | Path) -> CustomTask:
+    """The task a YAML file defines, with its data paths resolved against the file's folder; one-line errors."""
+    import yaml
+    from pydantic import ValidationError
+
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"task file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise PipelineError(f"task file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise PipelineError(f"task file {path} must be a mapping (name, train, dev, text_columns, ...)")
+    for key in ("train", "dev"):
+        if isinstance(data.get(key), str):
+            data[key] = str((path.parent / data[key]).resolve())
+    try:
+        task = CustomTask.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise PipelineError(f"task file {path}: {loc + ': ' if loc else ''}{msg}") from None
+    return task
+
+
+def task_spec(name: str, custom: CustomTask | dict | None = None) -> TaskSpec:
+    """The spec of a built-in task, or of the user's task when its definition is given."""
+    if custom is None:
+        return get_task(name)
+    return (custom if isinstance(custom, CustomTask) else CustomTask.model_validate(custom)).spec()

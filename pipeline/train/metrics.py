@@ -21,13 +21,19 @@ def predict_logits(model: torch.nn.Module, enc: Encoded, batch_size: int = 64) -
 
 
 def scores(logits: np.ndarray, labels: list[int] | np.ndarray) -> dict[str, float]:
-    """Accuracy, and for binary tasks F1 of class 1, both in percent."""
+    """Accuracy, F1 of class 1 (two classes) and macro-F1 (the unweighted mean of every class's F1), in percent."""
     preds = np.asarray(logits).argmax(-1)
     labels = np.asarray(labels)
     result = {"accuracy": float((preds == labels).mean() * 100)}
+    f1 = [_f1(preds, labels, c) for c in range(logits.shape[-1])]
     if logits.shape[-1] == 2:
-        tp = int(((preds == 1) & (labels == 1)).sum())
-        fp = int(((preds == 1) & (labels == 0)).sum())
-        fn = int(((preds == 0) & (labels == 1)).sum())
-        result["f1"] = float(200 * tp / (2 * tp + fp + fn)) if tp else 0.0
+        result["f1"] = f1[1]
+    result["macro_f1"] = float(np.mean(f1))
     return result
+
+
+def _f1(preds: np.ndarray, labels: np.ndarray, c: int) -> float:
+    tp = int(((preds == c) & (labels == c)).sum())
+    fp = int(((preds == c) & (labels != c)).sum())
+    fn = int(((preds != c) & (labels == c)).sum())
+    return float(200 * tp / (2 * tp + fp + fn)) if tp else 0.0

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.schema import FrozenModel, MethodConfig, TrainConfig
+from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, load_tokenizer
 
@@ -96,7 +97,9 @@ class DistillConfig(MethodConfig):
             return None  # the teacher's own depth: nothing to distill
         return self.updated(student={**self.student.model_dump(), "layers": layers})
 
-    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+    def preflight(
+        self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
+    ) -> None:
         """Layer indices, relation heads and the student's vocabulary, before any stage runs."""
         n_teacher = model_config.get("num_hidden_layers", 0)
         layers = self.student.layers

@@ -11,7 +11,6 @@ from pipeline.compress.context import StageContext
 from pipeline.compress.methods.distill.config import DistillConfig
 from pipeline.compress.methods.distill.losses import layer_mapping, relation_loss
 from pipeline.compress.methods.distill.students import build_student
-from pipeline.data.tasks import get_task
 from pipeline.models.layers import encoder_layers
 from pipeline.train.loop import resolve_device, train
 from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, task_loss
@@ -66,7 +65,7 @@ def distill_loss(
 def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
     """`model` is a copy of the fine-tuned teacher; returns the trained student."""
     teacher = ctx.teacher
-    student, info = build_student(model, cfg.student, get_task(ctx.task))
+    student, info = build_student(model, cfg.student, ctx.task)
     ctx.report["student"] = info
     projections = None
     if cfg.hidden:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.schema import MaskConfig, PruningConfig, TrainConfig
+from pipeline.data.tasks import TaskSpec
 
 
 class SmpConfig(PruningConfig):
@@ -59,7 +60,9 @@ class SmpConfig(PruningConfig):
             )
         return self
 
-    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: str) -> None:
+    def preflight(
+        self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
+    ) -> None:
         self.mask.check_shapes(model_config)
         from pipeline.compress.methods.smp.heads import resolve_head
 

@@ -6,24 +6,24 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.compress.methods.smp.verbalizer import LABEL_WORDS, has_mlm_head, label_word_ids
-from pipeline.data.tasks import get_task
+from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 
 
-def resolve_head(cfg, model_dir: str | Path, model_config: dict[str, Any], task: str) -> tuple[str, list[str] | None]:
+def resolve_head(
+    cfg, model_dir: str | Path, model_config: dict[str, Any], task: TaskSpec
+) -> tuple[str, list[str] | None]:
     """("verbalizer", label words) or ("classifier", None); checks that every label word is one token."""
     mlm = has_mlm_head(model_dir)
     if cfg.head == "verbalizer" and not mlm:
         raise PipelineError(f"smp head 'verbalizer' needs a base model with an MLM head; {model_dir} has none")
     if cfg.head == "classifier" or not mlm:
         return "classifier", None
-    words = cfg.label_words or LABEL_WORDS.get(task)
+    words = cfg.label_words or LABEL_WORDS.get(task.name)
     if not words:
-        raise PipelineError(f"no default label words for task {task!r}; set config.label_words")
-    if len(words) != get_task(task).num_labels:
-        raise PipelineError(
-            f"label_words {words} must give one word per label of {task} ({get_task(task).num_labels})"
-        )
+        raise PipelineError(f"no default label words for task {task.name!r}; set config.label_words")
+    if len(words) != task.num_labels:
+        raise PipelineError(f"label_words {words} must give one word per label of {task.name} ({task.num_labels})")
     label_word_ids(load_tokenizer(model_dir), words, model_config.get("model_type", "bert"))
     return "verbalizer", list(words)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pipeline.data.tasks import TaskSpec, get_task
+from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError, one_line
 from pipeline.models.folders import check_model_dir, load_tokenizer, safetensors_header
 from pipeline.models.heads import BYTE_LEVEL_TYPES, HEAD_NAME, head_modules, install_verbalizer_
@@ -83,7 +83,7 @@ def has_mlm_head(model_dir: str | Path) -> bool:
 
 
 def build_verbalizer_classifier(
-    model_dir: str | Path, task: TaskSpec | str, words: list[str] | None = None
+    model_dir: str | Path, task: TaskSpec, words: list[str] | None = None
 ) -> PreTrainedModel:
     """A sequence classifier whose logits are the MLM-head logits of `task`'s label words at the first token.
 
@@ -97,7 +97,6 @@ def build_verbalizer_classifier(
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
     model_dir = Path(model_dir)
-    task = get_task(task) if isinstance(task, str) else task
     config = check_model_dir(model_dir)
     if not has_mlm_head(model_dir):
         raise PipelineError(f"{model_dir} has no pre-trained MLM head, which the verbalizer head reuses")
