@@ -1,9 +1,11 @@
 """Load test of the serving HTTP server on loopback, against the bare ArtifactSession at the same batch size.
 
-Sends `--requests` single-text POST /predict requests (SST-2 dev sentences, cycled) over `--concurrency`
-keep-alive connections, bounded by `--duration` seconds; prints throughput, p50/p99 latency and errors, the
-mean batch the server formed (from /metrics), then runs the same texts through a bare `ArtifactSession` (same
-precision, threads and session settings as the server) in chunks of the server's max batch, and prints the
+Sends `--requests` one-item POST /predict requests (SST-2 dev sentences, cycled; for an artifact of a
+sentence-pair task, `{"text", "text_pair"}` objects from the `--texts` TSV's two text columns, which the artifact's
+task block names, e.g. `--texts ../shared/data/mrpc/dev.tsv`) over `--concurrency` keep-alive connections,
+bounded by `--duration` seconds; prints throughput, p50/p99 latency and errors, the mean batch the server formed
+(from /metrics), then runs the same texts through a bare `ArtifactSession` (same precision, threads and session
+settings as the server) in chunks of the server's max batch, and prints the
 throughput ratio and whether every served label equals the bare session's.
 
     # start a server on a free loopback port, measure, stop it
@@ -38,14 +40,29 @@ DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def load_texts(path: Path) -> list[str]:
-    """Sentences from a GLUE-style TSV (a `sentence` column) or a plain file with one text per line."""
-    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+def load_texts(path: Path, columns: list[str]) -> list[str | tuple[str, str]]:
+    """The `columns` of a GLUE-style TSV (one: texts; two: pairs), or for one column a plain file with one text per
+    line."""
+    lines = [ln for ln in path.read_text(encoding="utf-8-sig").splitlines() if ln.strip()]
     header = lines[0].split("\t")
-    if "sentence" in header:
-        col = header.index("sentence")
-        return [ln.split("\t")[col] for ln in lines[1:]]
+    if all(c in header for c in columns):
+        cols = [header.index(c) for c in columns]
+        rows = [ln.split("\t") for ln in lines[1:]]
+        return [r[cols[0]] if len(cols) == 1 else (r[cols[0]], r[cols[1]]) for r in rows if len(r) > max(cols)]
+    if len(columns) == 2:
+        raise SystemExit(f"{path}: the artifact reads pairs from columns {columns}; the header is {header}")
     return lines
+
+
+def artifact_columns(artifact: Path) -> list[str]:
+    """The text column(s) the artifact's task block names (`sentence` for artifacts without one)."""
+    task = json.loads((artifact / "config.json").read_text()).get("encoder_deploy_task") or {}
+    return task.get("text_columns") if task.get("pair") else [*task.get("text_columns", []), "sentence"][:1]
+
+
+def body_of(item: str | tuple[str, str]) -> bytes:
+    inputs = {"text": item[0], "text_pair": item[1]} if isinstance(item, tuple) else item
+    return json.dumps({"inputs": inputs}).encode()
 
 
 class Connection:
@@ -84,11 +101,11 @@ class Connection:
 
 
 async def run_load(
-    url: str, texts: list[str], n: int, concurrency: int, duration: float, headers: dict[str, str]
+    url: str, texts: list[str | tuple[str, str]], n: int, concurrency: int, duration: float, headers: dict[str, str]
 ) -> dict:
     """`n` requests (or until `duration` seconds pass) over `concurrency` connections."""
     parts = urlsplit(url)
-    bodies = [json.dumps({"inputs": t}).encode() for t in texts]
+    bodies = [body_of(t) for t in texts]
     latencies, statuses, labels = [], {}, {}
     next_index = 0
 
@@ -158,7 +175,7 @@ def _run(coro):
     return uvloop.run(coro)
 
 
-def bare_session(artifact: Path, precision: str, threads: int | None, texts: list[str], batch: int) -> dict:
+def bare_session(artifact: Path, precision: str, threads: int | None, texts: list, batch: int) -> dict:
     """The same texts through an ArtifactSession built like the server's, in chunks of `batch`."""
     from serving.config import available_cores
     from serving.session import ArtifactSession
@@ -221,7 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=1000, help="requests to send (%(default)s; at most 100000)")
     p.add_argument("--concurrency", type=int, default=32, help="open connections (%(default)s; at most 512)")
     p.add_argument("--duration", type=float, default=300, help="stop sending after this many seconds (%(default)s)")
-    p.add_argument("--texts", type=Path, default=DEFAULT_TEXTS, help="TSV with a sentence column, or one per line")
+    p.add_argument(
+        "--texts",
+        type=Path,
+        default=DEFAULT_TEXTS,
+        help="TSV with the artifact's text column(s), or one text per line",
+    )
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     p.add_argument("--max-batch", type=int, default=32, help="the server's max batch (also the bare batch size)")
     p.add_argument("--max-wait-ms", type=float, default=5.0)
@@ -233,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests must be 1..100000, --concurrency 1..512, --duration 0..3600 s")
     if args.url and urlsplit(args.url).hostname not in LOOPBACK:
         p.error("--url must be a loopback address (127.0.0.1, localhost or ::1)")
-    texts = load_texts(args.texts)
+    texts = load_texts(args.texts, artifact_columns(args.artifact))
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
     proc, log = None, Path(tempfile.mkstemp(prefix="load-test-server-", suffix=".log")[1])

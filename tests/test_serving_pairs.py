@@ -161,3 +161,22 @@ def test_micro_batching_gathers_concurrent_pairs(pair_artifact, pair_session):
     assert model.calls == [1, 2]  # the two that queued while the first ran went in one call
     expected = pair_session.predict(PAIRS)
     assert [r.json()[0]["label"] for r in responses] == [e[0]["label"] for e in expected]
+
+
+def test_the_load_test_sends_pairs(pair_artifact, tmp_path):
+    """`benchmarks/load_test.py` on a pair artifact: the TSV's two text columns (named by the artifact's task
+    block) go out as pair objects, and every served label equals the bare session's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tsv = tmp_path / "dev.tsv"
+    rows = [f"{i}\t{a}\t{b}\tentailment" for i, (a, b) in enumerate(PAIRS)]
+    tsv.write_text("\n".join(["index\tsentence1\tsentence2\tlabel", *rows]) + "\n")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "load_test.py"
+    out = tmp_path / "load.json"
+    args = [str(pair_artifact), "--texts", str(tsv), "--requests", "60", "--concurrency", "4", "--json", str(out)]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["server"]["errors"] == 0 and figures["labels_equal"] == figures["labels_compared"] == 60
