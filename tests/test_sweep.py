@@ -144,3 +144,19 @@ def test_an_unreachable_dask_scheduler_is_one_line(base_dirs, tmp_path):
     args = ["sweep", str(sweep), "--output", str(tmp_path / "out"), "--dask-address", "tcp://127.0.0.1:9"]
     assert_one_line_error(CliRunner().invoke(app, args), "cannot reach the Dask scheduler at tcp://127.0.0.1:9")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_over_the_users_own_task(base_dirs, tmp_path):
+    """`task_file:` (relative to the sweep file) gives every run the user's task, with its files and labels."""
+    from tests.test_custom_tasks import INTENTS, _intent_task
+
+    _intent_task(tmp_path)
+    sweep = write_sweep(tmp_path / "sweep.yaml", base_dirs["bert"], task=None, task_file="intents.yaml", data_dir=None)
+    runs = load_sweep(sweep, str(tmp_path / "out"))
+    assert len(runs) == 3
+    for _, request in runs:
+        assert request.config.task == "intents" and request.data_source == "files"
+        assert request.data.load().task.labels == tuple(INTENTS)
+    both = write_sweep(tmp_path / "both.yaml", base_dirs["bert"], task_file="intents.yaml")
+    with pytest.raises(PipelineError, match="name one task: --task or --task-file"):
+        load_sweep(both, str(tmp_path / "out"))
