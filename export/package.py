@@ -27,8 +27,8 @@ from pathlib import Path
 
 from export.report import render_markdown
 from pipeline.cache import file_digest
+from pipeline.data.tasks import TASK_KEY
 from pipeline.errors import PipelineError
-from serving.session import TASK_KEY
 
 log = logging.getLogger(__name__)
 

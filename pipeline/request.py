@@ -15,9 +15,9 @@ from pipeline.cache import default_cache_dir
 from pipeline.compress.registry import chain_configs, parse_chain
 from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
-from pipeline.config.schema import DeployConfig, validate
+from pipeline.config.schema import CustomTask, DeployConfig, validate
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import CustomTask, get_task, load_task_file
+from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
 
@@ -49,7 +49,7 @@ def build_deploy_config(
     parse_chain(method)
     if custom_task is None:
         get_task(task)
-    data = load_recipe(method, task, recipe, overrides)
+    data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None)
     if custom_task is not None:
         data["custom_task"] = custom_task.model_dump()
     cfg = validate(DeployConfig, data, "recipe")
@@ -73,11 +73,13 @@ class DeployRequest(BaseModel):
     data_source: str
 
     @property
+    def task(self) -> TaskSpec:
+        return task_spec(self.config.task, self.config.custom_task)
+
+    @property
     def data(self) -> DataRef:
         limits = self.config.data
-        return DataRef(
-            self.config.task_spec, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation
-        )
+        return DataRef(self.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation)
 
 
 def resolve_task(task: str | None, task_file: str | Path | None) -> tuple[str, CustomTask | None]:
@@ -109,6 +111,7 @@ def prepare_request(
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
     task, custom = resolve_task(task, task_file)
     config = build_deploy_config(method, task, recipe, overrides, custom)
+    spec = task_spec(config.task, config.custom_task)
     check_output_dir(output_dir)
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
@@ -124,7 +127,7 @@ def prepare_request(
     devices = {"teacher.device": config.teacher.device}
     chain = chain_configs(config)
     for m, method_cfg in chain:
-        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, config.task_spec)
+        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
@@ -135,7 +138,7 @@ def prepare_request(
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()),
-        data_source=resolve_source(config.task_spec, data_dir, hub),
+        data_source=resolve_source(spec, data_dir, hub),
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request

@@ -16,7 +16,9 @@ from tokenizers import Tokenizer
 from serving.validation import Text
 
 GRAPHS = {"fp32": "model.onnx", "int8": "model.int8.onnx"}
-TASK_KEY = "encoder_deploy_task"  # the task block in an artifact's config.json: labels, text columns, pair, metric
+# The task block in an artifact's config.json (labels, text columns, pair, metric). The pipeline writes it under
+# the same key (pipeline.data.tasks.TASK_KEY; a test holds them equal): the server imports nothing of the pipeline.
+TASK_KEY = "encoder_deploy_task"
 
 
 class ArtifactError(Exception):

@@ -17,6 +17,15 @@ def _isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
 
 
+@pytest.fixture
+def client():
+    """An HTTP client for the servers the tests start on loopback."""
+    import httpx
+
+    with httpx.Client(timeout=60) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def base_dirs(tmp_path_factory):
     """Bare tiny encoders (like hub base models) for BERT and RoBERTa."""

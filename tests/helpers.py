@@ -6,6 +6,7 @@ Models are built in code with fixed seeds, so tests need no network and no downl
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -169,6 +170,32 @@ def run_cli(args, env):
     )
 
 
+INTENTS = ["greet", "bye", "book", "cancel", "help"]
+
+
+def intent_task_file(folder, **changes):
+    """A five-label single-text task in JSONL (sentences of the shipped sample, labels by position)."""
+    data = folder / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    texts = dev_sentences()
+    for name, part in (("train", texts[:200]), ("dev", texts[200:240])):
+        rows = [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {
+        "name": "intents",
+        "train": "data/train.jsonl",
+        "dev": "data/dev.jsonl",
+        "text_columns": ["utterance"],
+        "label_column": "intent",
+        "labels": INTENTS,
+        "metric": "macro_f1",
+        **changes,
+    }
+    path = folder / "intents.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
 # --- serving: a real tiny artifact and servers on loopback ports ------------------------------------------
 
 
@@ -205,6 +232,42 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
     return publish(staging, report, inputs={}, config={})
 
 
+SERVING_LIMITS = ("--max-items", "8", "--max-text-chars", "300", "--max-body-bytes", "20000")
+
+
+def json_error(response, status, needle):
+    """The server refused with `status` and a JSON `{"error": ...}` that contains `needle`."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"} and needle in body["error"], body
+
+
+class GatedModel:
+    """The real session, held at a gate: tests decide when a model call may finish."""
+
+    def __init__(self, session) -> None:
+        self.session, self.labels, self.pair = session, session.labels, session.pair
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.calls: list[int] = []
+
+    def logits(self, texts):
+        self.calls.append(len(texts))
+        self.entered.set()
+        assert self.gate.wait(60)
+        if "boom" in texts:
+            raise RuntimeError("the model failed on this text")
+        return self.session.logits(texts)
+
+
+def gated_app(artifact, model, **kw):
+    """The server's app over `model` (a GatedModel), for an in-process ThreadServer."""
+    from serving.app import build_app
+    from serving.config import ServerConfig
+
+    return build_app(ServerConfig(artifact=artifact, **kw), model, "tiny")
+
+
 class ServerProcess:
     """`python -m serving ARTIFACT --port 0 ...` in a subprocess; stderr goes to a file the port is read from."""
 
@@ -235,6 +298,17 @@ class ServerProcess:
         code = self.proc.wait(timeout)
         self._log_file.close()
         return code
+
+    def __enter__(self) -> ServerProcess:
+        try:
+            self.wait_started()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,42 +12,19 @@ import sys
 import pytest
 
 from pipeline.data.loaders import load_task_data, resolve_source
-from pipeline.data.tasks import get_task, load_task_file
+from pipeline.data.tasks import custom_spec, get_task, load_task_file
 from pipeline.errors import PipelineError
 from tests.helpers import (
+    INTENTS,
     LOOSE_GATES,
     ServerProcess,
     assert_one_line_error,
     cli_deploy,
     dev_sentences,
+    intent_task_file,
     quick_deploy,
     run_cli,
 )
-
-INTENTS = ["greet", "bye", "book", "cancel", "help"]
-
-
-def _intent_task(folder, **changes):
-    """A five-label single-text task in JSONL (sentences of the shipped sample, labels by position)."""
-    data = folder / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    texts = dev_sentences()
-    for name, part in (("train", texts[:200]), ("dev", texts[200:240])):
-        rows = [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
-        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = {
-        "name": "intents",
-        "train": "data/train.jsonl",
-        "dev": "data/dev.jsonl",
-        "text_columns": ["utterance"],
-        "label_column": "intent",
-        "labels": INTENTS,
-        "metric": "macro_f1",
-        **changes,
-    }
-    path = folder / "intents.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
 
 
 def _pair_task(folder):
@@ -71,7 +48,7 @@ def _pair_task(folder):
 
 
 def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
-    task_file = _intent_task(tmp_path)
+    task_file = intent_task_file(tmp_path)
     _, artifact = quick_deploy(
         "mlp_fusion", base_dirs["bert"], tmp_path, "--steps", "4", task=("--task-file", str(task_file))
     )
@@ -115,7 +92,7 @@ def test_a_csv_pair_task_deploys_and_serves_pairs(base_dirs, tmp_path):
     report = json.loads((artifact / "report.json").read_text())
     assert report["validation"]["metric"] == "f1" and "f1" in report["validation"]["metrics"]["dev"]["onnx_fp32"]
 
-    data = load_task_data(load_task_file(task_file).spec())
+    data = load_task_data(custom_spec(load_task_file(task_file)))
     assert data.dev.texts[1][1].endswith(",\nagain") or data.dev.texts[0][1].endswith(",\nagain")
     pairs = data.dev.texts[:6]
 
@@ -135,16 +112,14 @@ def test_a_csv_pair_task_deploys_and_serves_pairs(base_dirs, tmp_path):
 
     import httpx
 
-    proc = ServerProcess(artifact, log=tmp_path / "server.log")
-    try:
-        url = proc.wait_started()
-        r = httpx.post(f"{url}/predict", json={"inputs": [{"text": a, "text_pair": b} for a, b in pairs]}, timeout=60)
+    with ServerProcess(artifact, log=tmp_path / "server.log") as proc:
+        r = httpx.post(
+            f"{proc.url}/predict", json={"inputs": [{"text": a, "text_pair": b} for a, b in pairs]}, timeout=60
+        )
         assert r.status_code == 200, r.text
         assert [row[0]["label"] for row in r.json()] == [e[0]["label"] for e in expected]
-        single = httpx.post(f"{url}/predict", json={"inputs": pairs[0][0]}, timeout=60)
+        single = httpx.post(f"{proc.url}/predict", json={"inputs": pairs[0][0]}, timeout=60)
         assert single.status_code == 422 and "classifies sentence pairs" in single.json()["error"]
-    finally:
-        proc.stop()
 
 
 def _bad(tmp_path, task_file):
@@ -167,13 +142,13 @@ def _bad(tmp_path, task_file):
     ],
 )
 def test_bad_task_files_are_one_line_errors(tmp_path, changes, needle):
-    result = _bad(tmp_path, _intent_task(tmp_path, **changes))
+    result = _bad(tmp_path, intent_task_file(tmp_path, **changes))
     assert_one_line_error(result, needle)
     assert "intents.yaml" in result.stderr
 
 
 def test_bad_data_files_name_the_file_line_and_value(tmp_path):
-    task_file = _intent_task(tmp_path)
+    task_file = intent_task_file(tmp_path)
     train = tmp_path / "data" / "train.jsonl"
     lines = train.read_text().splitlines()
 
@@ -202,7 +177,7 @@ def test_bad_data_files_name_the_file_line_and_value(tmp_path):
 
 
 def test_task_options_are_exclusive(tmp_path):
-    task_file = _intent_task(tmp_path)
+    task_file = intent_task_file(tmp_path)
     both = cli_deploy("--method", "none", "--task", "sst2", "--task-file", str(task_file))
     assert_one_line_error(both, "name one task: --task or --task-file, not both")
     assert_one_line_error(cli_deploy("--method", "none"), "name a task: --task NAME")
@@ -279,7 +254,7 @@ def test_local_dataset_folder_errors(tmp_path):
 
 def test_a_task_file_deploy_refuses_before_training(base_dirs, tmp_path):
     """A wrong label deep in the dev file stops the run before the teacher trains: nothing is cached or written."""
-    task_file = _intent_task(tmp_path)
+    task_file = intent_task_file(tmp_path)
     dev = tmp_path / "data" / "dev.jsonl"
     dev.write_text(dev.read_text() + json.dumps({"utterance": "x", "intent": 5}) + "\n")
     from tests.helpers import quick_args

@@ -182,3 +182,11 @@ def test_every_third_party_import_is_a_declared_dependency():
                 if not names & declared:
                     missing.add(f"{top} ({', '.join(sorted(names))}) in {path.relative_to(ROOT)}")
     assert not missing, "imported but not declared:\n" + "\n".join(sorted(missing))
+
+
+def test_the_server_reads_the_task_block_under_the_key_the_pipeline_writes():
+    """The server imports nothing of the pipeline, so the key of the task block is written down twice."""
+    from pipeline.data.tasks import TASK_KEY as written
+    from serving.session import TASK_KEY as read
+
+    assert written == read

@@ -14,16 +14,24 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import ServerProcess, ThreadServer, dev_sentences, metric_samples, tiny_artifact, wait_until
-
-LIMITS = ("--max-items", "8", "--max-text-chars", "300", "--max-body-bytes", "20000")
+from tests.helpers import (
+    SERVING_LIMITS,
+    GatedModel,
+    ServerProcess,
+    ThreadServer,
+    dev_sentences,
+    gated_app,
+    json_error,
+    metric_samples,
+    tiny_artifact,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="session")
@@ -40,25 +48,10 @@ def session(artifact):
 
 @pytest.fixture(scope="module")
 def server(artifact, tmp_path_factory):
-    proc = ServerProcess(artifact, *LIMITS, "--max-wait-ms", "2", log=tmp_path_factory.mktemp("srv") / "server.log")
-    try:
-        proc.wait_started()
-        yield proc.url
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
-
-
-def _error(response, status, needle):
-    assert response.status_code == status, (response.status_code, response.text)
-    assert response.headers["content-type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error"} and needle in body["error"], body
+    with ServerProcess(
+        artifact, *SERVING_LIMITS, "--max-wait-ms", "2", log=tmp_path_factory.mktemp("srv") / "server.log"
+    ) as p:
+        yield p.url
 
 
 # -- what the server answers ---------------------------------------------------------------------------------
@@ -223,58 +216,34 @@ BAD = [
     ("path", "body", "status", "needle"), BAD, ids=[f"{i}-{b[3][:30]}" for i, b in enumerate(BAD)]
 )
 def test_bad_input_is_refused_with_a_json_error(server, client, path, body, status, needle):
-    _error(client.post(f"{server}{path}", content=body), status, needle)
+    json_error(client.post(f"{server}{path}", content=body), status, needle)
     assert client.post(f"{server}/predict", json={"inputs": "still serving"}).status_code == 200
 
 
 def test_bad_routes_and_oversized_streams(server, client):
-    _error(client.get(f"{server}/v2/models/nope"), 404, "unknown model 'nope'")
-    _error(client.get(f"{server}/v2/models/nope/ready"), 404, "unknown model")
-    _error(client.get(f"{server}/predict/now"), 404, "no such endpoint: GET /predict/now")
-    _error(client.get(f"{server}/predict"), 405, "method GET is not allowed on /predict")
+    json_error(client.get(f"{server}/v2/models/nope"), 404, "unknown model 'nope'")
+    json_error(client.get(f"{server}/v2/models/nope/ready"), 404, "unknown model")
+    json_error(client.get(f"{server}/predict/now"), 404, "no such endpoint: GET /predict/now")
+    json_error(client.get(f"{server}/predict"), 405, "method GET is not allowed on /predict")
 
     def chunks():  # no Content-Length: refused while streaming, once the running total passes the limit
         for _ in range(64):
             yield b" " * 1000
 
-    _error(client.post(f"{server}/predict", content=chunks()), 413, "request body exceeds 20000 bytes")
+    json_error(client.post(f"{server}/predict", content=chunks()), 413, "request body exceeds 20000 bytes")
     # a declared size over the limit is refused before the body is read
-    _error(client.post(f"{server}/predict", content=b"x" * 200_000), 413, "request body is 200000 bytes")
+    json_error(client.post(f"{server}/predict", content=b"x" * 200_000), 413, "request body is 200000 bytes")
     assert client.get(f"{server}/v2/health/ready").status_code == 200
 
 
 # -- the same app in-process, with a gate in front of the model ------------------------------------------------
-class GatedModel:
-    """The real session, held at a gate: tests decide when a model call may finish."""
-
-    def __init__(self, session) -> None:
-        self.session, self.labels, self.pair = session, session.labels, session.pair
-        self.entered, self.gate = threading.Event(), threading.Event()
-        self.calls: list[int] = []
-
-    def logits(self, texts):
-        self.calls.append(len(texts))
-        self.entered.set()
-        assert self.gate.wait(60)
-        if "boom" in texts:
-            raise RuntimeError("the model failed on this text")
-        return self.session.logits(texts)
-
-
-def _app(artifact, model, **kw):
-    from serving.app import build_app
-    from serving.config import ServerConfig
-
-    return build_app(ServerConfig(artifact=artifact, **kw), model, "tiny")
-
-
 def _post_later(pool, url, text, **headers):
     return pool.submit(lambda: httpx.post(f"{url}/predict", json={"inputs": text}, headers=headers, timeout=60))
 
 
 def test_micro_batching_gathers_concurrent_requests(artifact, session, client):
     model = GatedModel(session)
-    app = _app(artifact, model, max_batch=8, max_wait_ms=0)
+    app = gated_app(artifact, model, max_batch=8, max_wait_ms=0)
     with ThreadServer(app) as srv, ThreadPoolExecutor(8) as pool:
         first = _post_later(pool, srv.url, "first")
         assert model.entered.wait(30)
@@ -296,14 +265,14 @@ def test_micro_batching_gathers_concurrent_requests(artifact, session, client):
 
 def test_full_queue_answers_503(artifact, session):
     model = GatedModel(session)
-    app = _app(artifact, model, max_batch=1, max_queue=1, max_wait_ms=0)
+    app = gated_app(artifact, model, max_batch=1, max_queue=1, max_wait_ms=0)
     with ThreadServer(app) as srv, ThreadPoolExecutor(4) as pool:
         running = _post_later(pool, srv.url, "running")
         assert model.entered.wait(30)
         queued = _post_later(pool, srv.url, "queued")
         wait_until(lambda: app.state.service.batcher.queued == 1)
         refused = httpx.post(f"{srv.url}/predict", json={"inputs": "one too many"}, timeout=60)
-        _error(refused, 503, "the request queue is full (1 requests waiting)")
+        json_error(refused, 503, "the request queue is full (1 requests waiting)")
         assert refused.headers["retry-after"] == "1"
         model.gate.set()
         assert running.result().status_code == queued.result().status_code == 200
@@ -312,7 +281,7 @@ def test_full_queue_answers_503(artifact, session):
 
 def test_a_failing_request_does_not_fail_its_batch(artifact, session):
     model = GatedModel(session)
-    app = _app(artifact, model, max_batch=8, max_wait_ms=0)
+    app = gated_app(artifact, model, max_batch=8, max_wait_ms=0)
     with ThreadServer(app) as srv, ThreadPoolExecutor(4) as pool:
         first = _post_later(pool, srv.url, "first")
         assert model.entered.wait(30)
@@ -321,7 +290,7 @@ def test_a_failing_request_does_not_fail_its_batch(artifact, session):
         model.gate.set()
         assert first.result().status_code == 200
         fine, boom, also_fine = (f.result() for f in batch)
-        _error(boom, 500, "internal error: RuntimeError")
+        json_error(boom, 500, "internal error: RuntimeError")
         assert fine.status_code == also_fine.status_code == 200
         assert sorted(model.calls) == [1, 1, 1, 1, 3]  # the batch of three failed, then one by one
         assert httpx.post(f"{srv.url}/predict", json={"inputs": "after"}, timeout=60).status_code == 200
@@ -329,7 +298,7 @@ def test_a_failing_request_does_not_fail_its_batch(artifact, session):
 
 def test_graceful_shutdown_finishes_in_flight_requests(artifact, session):
     model = GatedModel(session)
-    app = _app(artifact, model, max_batch=1, max_wait_ms=0)
+    app = gated_app(artifact, model, max_batch=1, max_wait_ms=0)
     srv = ThreadServer(app).__enter__()
     with ThreadPoolExecutor(4) as pool:
         running = _post_later(pool, srv.url, "running")
@@ -353,12 +322,12 @@ def _accepts(url):
 
 
 def test_api_key(artifact, session, client):
-    with ThreadServer(_app(artifact, session, api_key="s3cret")) as srv:
+    with ThreadServer(gated_app(artifact, session, api_key="s3cret")) as srv:
         url = srv.url
-        _error(client.post(f"{url}/predict", json={"inputs": "a"}), 401, "missing or wrong API key")
-        _error(client.post(f"{url}/predict", json={"inputs": "a"}, headers={"X-API-Key": "wrong"}), 401, "API key")
-        _error(client.get(f"{url}/metrics"), 401, "API key")
-        _error(client.get(f"{url}/v2/models/tiny"), 401, "API key")
+        json_error(client.post(f"{url}/predict", json={"inputs": "a"}), 401, "missing or wrong API key")
+        json_error(client.post(f"{url}/predict", json={"inputs": "a"}, headers={"X-API-Key": "wrong"}), 401, "API key")
+        json_error(client.get(f"{url}/metrics"), 401, "API key")
+        json_error(client.get(f"{url}/v2/models/tiny"), 401, "API key")
         assert client.post(f"{url}/predict", json={"inputs": "a"}, headers={"X-API-Key": "s3cret"}).status_code == 200
         bearer = {"Authorization": "Bearer s3cret"}
         assert (

@@ -13,8 +13,17 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import ServerProcess, ThreadServer, metric_samples, tiny_artifact, wait_until
-from tests.test_serving import LIMITS, GatedModel, _app, _error
+from tests.helpers import (
+    SERVING_LIMITS,
+    GatedModel,
+    ServerProcess,
+    ThreadServer,
+    gated_app,
+    json_error,
+    metric_samples,
+    tiny_artifact,
+    wait_until,
+)
 
 NAME = "rte-tiny-serving"
 INFER = f"/v2/models/{NAME}/infer"
@@ -50,18 +59,8 @@ def pair_session(pair_artifact):
 
 @pytest.fixture(scope="module")
 def pair_server(pair_artifact, tmp_path_factory):
-    proc = ServerProcess(pair_artifact, *LIMITS, log=tmp_path_factory.mktemp("srv") / "server.log")
-    try:
-        proc.wait_started()
+    with ServerProcess(pair_artifact, *SERVING_LIMITS, log=tmp_path_factory.mktemp("srv") / "server.log") as proc:
         yield proc.url
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def client():
-    with httpx.Client(timeout=60) as c:
-        yield c
 
 
 def test_the_session_tokenises_pairs_as_the_pipeline(pair_artifact, pair_session):
@@ -133,7 +132,7 @@ PAIR_BAD = [
     ("path", "body", "status", "needle"), PAIR_BAD, ids=[f"{i}-{b[3][:30]}" for i, b in enumerate(PAIR_BAD)]
 )
 def test_a_pair_model_refuses_single_texts_and_bad_pairs(pair_server, client, path, body, status, needle):
-    _error(client.post(f"{pair_server}{path}", content=json.dumps(body).encode()), status, needle)
+    json_error(client.post(f"{pair_server}{path}", content=json.dumps(body).encode()), status, needle)
     assert client.post(f"{pair_server}/predict", json={"inputs": _pair("still", "serving")}).status_code == 200
 
 
@@ -145,7 +144,7 @@ def test_refusals_are_counted_by_reason(pair_server, client):
 
 def test_micro_batching_gathers_concurrent_pairs(pair_artifact, pair_session):
     model = GatedModel(pair_session)
-    app = _app(pair_artifact, model, max_batch=8, max_wait_ms=0)
+    app = gated_app(pair_artifact, model, max_batch=8, max_wait_ms=0)
 
     def post(p):
         return httpx.post(f"{srv.url}/predict", json={"inputs": _pair(*p)}, timeout=60)

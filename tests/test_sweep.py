@@ -13,7 +13,7 @@ import pipeline
 from export.pareto import mark_front, select
 from pipeline.errors import PipelineError
 from pipeline.sweep import load_sweep
-from tests.helpers import assert_one_line_error
+from tests.helpers import INTENTS, assert_one_line_error, intent_task_file
 
 SAMPLE = Path(pipeline.__file__).parent / "data" / "samples" / "sst2"  # the embedded sample, named explicitly
 QUICK = {
@@ -148,9 +148,7 @@ def test_an_unreachable_dask_scheduler_is_one_line(base_dirs, tmp_path):
 
 def test_a_sweep_over_the_users_own_task(base_dirs, tmp_path):
     """`task_file:` (relative to the sweep file) gives every run the user's task, with its files and labels."""
-    from tests.test_custom_tasks import INTENTS, _intent_task
-
-    _intent_task(tmp_path)
+    intent_task_file(tmp_path)
     sweep = write_sweep(tmp_path / "sweep.yaml", base_dirs["bert"], task=None, task_file="intents.yaml", data_dir=None)
     runs = load_sweep(sweep, str(tmp_path / "out"))
     assert len(runs) == 3

@@ -26,11 +26,10 @@ TEACHERS_DIR = RECIPES_DIR / "teacher"
 DEFAULT_TEACHER = "default"
 
 
-def default_recipe_path(method: str, task: str) -> Path | None:
-    """recipes/<method>/<task>.yaml for a built-in task that has one, else recipes/<method>/default.yaml."""
-    from pipeline.data.tasks import TASKS
-
-    for name in (f"{task}.yaml", "default.yaml") if task in TASKS else ("default.yaml",):
+def default_recipe_path(method: str, task: str | None) -> Path | None:
+    """recipes/<method>/<task>.yaml where it exists, else recipes/<method>/default.yaml (`task` None: a user's
+    task, which always gets the default)."""
+    for name in (f"{task}.yaml", "default.yaml") if task else ("default.yaml",):
         path = RECIPES_DIR / method / name
         if path.is_file():
             return path
@@ -95,7 +94,7 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 CHAIN_SEP = "+"
 
 
-def composed_chain_recipe(method: str, task: str) -> dict[str, Any]:
+def composed_chain_recipe(method: str, task: str | None) -> dict[str, Any]:
     """A chain's recipe from its methods' own (packaged) recipes, for a chain that ships none."""
     data: dict[str, Any] = {"method": method, "config": {}}
     for name in method.split(CHAIN_SEP):
@@ -108,13 +107,19 @@ def composed_chain_recipe(method: str, task: str) -> dict[str, Any]:
 
 
 def load_recipe(
-    method: str, task: str, recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    method: str,
+    task: str,
+    recipe: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    task_recipes: bool = True,
 ) -> dict[str, Any]:
     """The recipe (given, else the packaged default for method/task) with its teacher resolved and the overrides
-    applied, as a plain mapping for `DeployConfig`."""
-    path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, task)
+    applied, as a plain mapping for `DeployConfig`. `task_recipes` False (a user's task, whose name may be any
+    recipe's) skips the per-task recipe files."""
+    lookup = task if task_recipes else None
+    path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, lookup)
     if path is None and CHAIN_SEP in method:
-        data = composed_chain_recipe(method, task)
+        data = composed_chain_recipe(method, lookup)
     else:
         data = read_yaml_mapping(path) if path else {}
     if data.setdefault("method", method) != method:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.data.tasks import CustomTask, TaskSpec, task_spec
 from pipeline.errors import PipelineError
+
+DATA_FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}  # a data file's format, from its extension
 
 
 class FrozenModel(BaseModel):
@@ -71,11 +72,10 @@ class MethodConfig(FrozenModel):
     name: ClassVar[str]
     train: TrainConfig = TrainConfig()
 
-    def preflight(
-        self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
-    ) -> None:
+    def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: Any) -> None:
         """Check the config against the base model folder, the teacher folder when given (its config in
-        `model_config`, else the base model's) and the task, before any stage runs; raise PipelineError."""
+        `model_config`, else the base model's) and the task (a `pipeline.data.tasks.TaskSpec`), before any stage
+        runs; raise PipelineError."""
 
     def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> MethodConfig | None:
         """This stage's config for a shape planned by `--target-speedup` (`layers` of `heads` heads and `ffn` FFN
@@ -258,6 +258,59 @@ class TargetConfig(FrozenModel):
     ffn_grid: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
 
 
+class CustomTask(BaseModel):
+    """A user's task, as its YAML file declares it (`--task-file`); train and dev are absolute once loaded.
+
+    ```yaml
+    name: intents
+    train: data/train.jsonl        # .tsv, .csv or .jsonl (format from the extension), relative to this file
+    dev: data/dev.jsonl
+    text_columns: [premise, hypothesis]   # one column, or two for a pair task
+    label_column: label
+    labels: [entailment, neutral, contradiction]   # in id order; string or integer values as in the files
+    metric: accuracy               # accuracy | f1 (two labels) | macro_f1
+    ```
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    train: str
+    dev: str
+    text_columns: tuple[str, ...]
+    label_column: str = Field(min_length=1)
+    labels: tuple[str | int, ...]
+    metric: Literal["accuracy", "f1", "macro_f1"] = "accuracy"
+
+    @field_validator("text_columns", mode="before")
+    @classmethod
+    def _one_or_two(cls, v):
+        v = [v] if isinstance(v, str) else v
+        if not isinstance(v, list | tuple) or not 1 <= len(v) <= 2 or not all(isinstance(c, str) and c for c in v):
+            raise ValueError("give one text column, or two for a pair task")
+        if len(v) == 2 and v[0] == v[1]:
+            raise ValueError(f"a pair task needs two different columns, not {v[0]!r} twice")
+        return v
+
+    @field_validator("train", "dev")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        if Path(v).suffix.lower() not in DATA_FORMATS:
+            raise ValueError(f"{v!r}: the format comes from the extension, one of {', '.join(DATA_FORMATS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _labels(self) -> CustomTask:
+        values = [str(v) for v in self.labels]
+        if len(values) < 2:
+            raise ValueError(f"labels: a classification task needs at least two labels, got {values}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"labels: each label once, got {values}")
+        if self.metric == "f1" and len(values) != 2:
+            raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
+        return self
+
+
 class DeployConfig(FrozenModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
@@ -275,10 +328,6 @@ class DeployConfig(FrozenModel):
     gates: Gates = Gates()
     target: TargetConfig = TargetConfig()
     export: ExportSettings = ExportSettings()
-
-    @property
-    def task_spec(self) -> TaskSpec:
-        return task_spec(self.task, self.custom_task)
 
 
 def validate(cls: type[BaseModel], data: Any, what: str) -> Any:

@@ -27,8 +27,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.schema import DataLimits
-from pipeline.data.tasks import FORMATS, TaskSpec, get_task
+from pipeline.config.schema import DATA_FORMATS, DataLimits
+from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 
 log = logging.getLogger(__name__)
@@ -216,9 +216,9 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
     the line and the value: a missing column, a text that is not a string, a label outside the task's set."""
     if not path.is_file():
         raise PipelineError(f"data file not found: {path}")
-    fmt = FORMATS.get(path.suffix.lower())
+    fmt = DATA_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise PipelineError(f"{path}: unknown format {path.suffix!r}; data files are {', '.join(FORMATS)}")
+        raise PipelineError(f"{path}: unknown format {path.suffix!r}; data files are {', '.join(DATA_FORMATS)}")
     columns = (*spec.text_columns, spec.label_column)
     values = {v: i for i, v in enumerate(spec.label_values)}
     texts, labels = [], []

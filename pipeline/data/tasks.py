@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
+from pipeline.config.schema import CustomTask
 from pipeline.errors import PipelineError
 
-METRICS = ("accuracy", "f1", "macro_f1")
-FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}  # a data file's format, from its extension
+TASK_KEY = "encoder_deploy_task"  # the task block in an artifact's config.json (serving/session.py reads it)
 
 
 @dataclass(frozen=True)
@@ -142,74 +139,21 @@ def get_task(name: str) -> TaskSpec:
         ) from None
 
 
-class CustomTask(BaseModel):
-    """A user's task, as its YAML file declares it (`--task-file`); train and dev are absolute once loaded.
-
-    ```yaml
-    name: intents
-    train: data/train.jsonl        # .tsv, .csv or .jsonl (format from the extension), relative to this file
-    dev: data/dev.jsonl
-    text_columns: [premise, hypothesis]   # one column, or two for a pair task
-    label_column: label
-    labels: [entailment, neutral, contradiction]   # in id order; string or integer values as in the files
-    metric: accuracy               # accuracy | f1 (two labels) | macro_f1
-    ```
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    train: str
-    dev: str
-    text_columns: tuple[str, ...]
-    label_column: str = Field(min_length=1)
-    labels: tuple[str | int, ...]
-    metric: Literal["accuracy", "f1", "macro_f1"] = "accuracy"
-
-    @field_validator("text_columns", mode="before")
-    @classmethod
-    def _one_or_two(cls, v):
-        v = [v] if isinstance(v, str) else v
-        if not isinstance(v, list | tuple) or not 1 <= len(v) <= 2 or not all(isinstance(c, str) and c for c in v):
-            raise ValueError("give one text column, or two for a pair task")
-        if len(v) == 2 and v[0] == v[1]:
-            raise ValueError(f"a pair task needs two different columns, not {v[0]!r} twice")
-        return v
-
-    @field_validator("train", "dev")
-    @classmethod
-    def _known_format(cls, v: str) -> str:
-        if Path(v).suffix.lower() not in FORMATS:
-            raise ValueError(f"{v!r}: the format comes from the extension, one of {', '.join(FORMATS)}")
-        return v
-
-    @model_validator(mode="after")
-    def _labels(self) -> CustomTask:
-        if self.name in TASKS:
-            raise ValueError(f"name {self.name!r} is a built-in task; use --task {self.name}, or another name")
-        values = [str(v) for v in self.labels]
-        if len(values) < 2:
-            raise ValueError(f"labels: a classification task needs at least two labels, got {values}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"labels: each label once, got {values}")
-        if self.metric == "f1" and len(values) != 2:
-            raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
-        return self
-
-    def spec(self) -> TaskSpec:
-        values = tuple(str(v) for v in self.labels)
-        return TaskSpec(
-            name=self.name,
-            labels=values,
-            text_columns=self.text_columns,
-            label_column=self.label_column,
-            label_values=values,
-            hf_text_columns=self.text_columns,
-            train_file=self.train,
-            dev_file=self.dev,
-            metric=self.metric,
-            custom=True,
-        )
+def custom_spec(task: CustomTask) -> TaskSpec:
+    """The spec of a user's task: its label values are its label names."""
+    values = tuple(str(v) for v in task.labels)
+    return TaskSpec(
+        name=task.name,
+        labels=values,
+        text_columns=task.text_columns,
+        label_column=task.label_column,
+        label_values=values,
+        hf_text_columns=task.text_columns,
+        train_file=task.train,
+        dev_file=task.dev,
+        metric=task.metric,
+        custom=True,
+    )
 
 
 def load_task_file(path: str | Path) -> CustomTask:
@@ -236,6 +180,9 @@ def load_task_file(path: str | Path) -> CustomTask:
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         raise PipelineError(f"task file {path}: {loc + ': ' if loc else ''}{msg}") from None
+    if task.name in TASKS:
+        raise PipelineError(f"task file {path}: name {task.name!r} is a built-in task; use --task {task.name}, or "
+                            "another name")  # fmt: skip
     return task
 
 
@@ -243,4 +190,4 @@ def task_spec(name: str, custom: CustomTask | dict | None = None) -> TaskSpec:
     """The spec of a built-in task, or of the user's task when its definition is given."""
     if custom is None:
         return get_task(name)
-    return (custom if isinstance(custom, CustomTask) else CustomTask.model_validate(custom)).spec()
+    return custom_spec(custom if isinstance(custom, CustomTask) else CustomTask.model_validate(custom))
