@@ -44,7 +44,8 @@ def render_markdown(report: dict) -> str:
         lines += [
             "## Metrics",
             "",
-            f"Gates look at `{v.get('gated_on', splits[0])}`; dev is never used to choose.",
+            f"Headline metric: **{v.get('metric', 'accuracy')}** (the gates use it). Gates look at "
+            f"`{v.get('gated_on', splits[0])}`; dev is never used to choose.",
             "",
         ]
         lines += ["| model | " + " | ".join(f"{split} {k}" for split, k in columns) + " |"]

@@ -413,10 +413,10 @@ def list_tasks() -> None:
     from pipeline.data.tasks import TASKS
 
     for spec in TASKS.values():
-        kind = "pair" if spec.is_pair else "single"
+        kind = "sentence pairs" if spec.is_pair else "single sentence"
         sample = ", embedded sample" if spec.has_sample else ""
         labels = ", ".join(spec.labels)
-        typer.echo(f"{spec.name:<6} {spec.num_labels} labels ({labels}), {kind} sentence, {spec.metric}{sample}")
+        typer.echo(f"{spec.name:<6} {spec.num_labels} labels ({labels}), {kind}, {spec.metric}{sample}")
     typer.echo(
         "\nyour own task: --task-file FILE (train/dev files in TSV, CSV or JSONL, text column(s), labels, metric)"
     )

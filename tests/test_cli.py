@@ -137,7 +137,7 @@ def test_teacher_must_be_a_classifier(base_dirs):
         ({"train.tsv": "text\tlabel\ngood\t1\n", "dev.tsv": "text\tlabel\nbad\t0\n"}, "missing column(s) sentence"),
         (
             {"train.tsv": "sentence\tlabel\ngood\t3\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"},
-            "label '3' out of range",
+            "train.tsv:2: label '3' is not one of task sst2's labels (0, 1)",
         ),
         ({"train.tsv": "sentence\tlabel\n", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "no examples"),
         ({"train.tsv": "", "dev.tsv": "sentence\tlabel\nbad\t0\n"}, "file is empty"),
