@@ -59,7 +59,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
             "block 7x7 does not divide",
         ),
         (
-            ["--method", "smp", "--task", "sst2", "--steps", "100"],
+            ["--method", "smp", "--task", "sst2", "--steps", "100", "--set", "config.prune_steps=420"],
             "prune_steps 420 is longer than the training budget",
         ),
         (
