@@ -256,11 +256,11 @@ def parse_infer(payload: Any, limits: Limits, pair: bool = False) -> InferReques
     for i, tensor in enumerate(inputs):
         tensor = _object(tensor, f"inputs[{i}]")
         name = tensor.get("name")
-        if name in tensors:
-            raise RequestError(422, f"input {name!r} is given twice; this model takes {wanted}", "unknown_input")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:  # not a string: any JSON value, unhashable ones too
             reason = "not_single" if name == PAIR_INPUT_NAME else "unknown_input"
             raise RequestError(422, f"unknown input {name!r}; this model takes BYTES input(s) {wanted}"[:300], reason)
+        if name in tensors:
+            raise RequestError(422, f"input {name!r} is given twice; this model takes {wanted}", "unknown_input")
         tensors[name] = _bytes_tensor(tensor, i, limits)
     texts = tensors[INPUT_NAME]
     if pair:
