@@ -97,7 +97,7 @@ def test_a_scheduled_deploy_runs_on_its_own_and_publishes_an_artifact(prefect_se
     finally:
         os.killpg(served.pid, signal.SIGINT)  # stops serving and pauses the schedule
         try:
-            served.wait(timeout=60)
+            served.wait(timeout=180)  # pausing goes through the API: give a loaded machine time
         except subprocess.TimeoutExpired:
             os.killpg(served.pid, signal.SIGKILL)
     [artifact] = [p.parent for p in out.glob("*/manifest.json")][:1]
