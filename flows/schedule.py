@@ -51,6 +51,30 @@ def check_prefect_api(timeout: float = 10.0) -> str:
     return url
 
 
+def serve_until_stopped(flow, name: str, schedule, parameters: dict) -> None:
+    """Serve `flow` as deployment `name` on `schedule`, one run at a time, until Ctrl-C; then pause the deployment.
+
+    Ctrl-C raises KeyboardInterrupt wherever the runner is. asyncio's own handler only cancels the main task, once,
+    and a cancellation that lands while the runner starts a run was swallowed (the process served on, and runs
+    piled up); the pause is then made through the API, not left to the runner's shutdown path.
+    """
+    import signal
+
+    from prefect.client.orchestration import get_client
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        # one run at a time: overlapping runs would share the cores, and benchmarks must run alone
+        flow.serve(name=name, schedule=schedule, parameters=parameters, limit=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        with get_client(sync_client=True) as client:
+            client.pause_deployment(client.read_deployment_by_name(f"{flow.name}/{name}").id)
+
+
 def register_on_pool(flow, name: str, schedule, parameters: dict, work_pool: str) -> None:
     """Register `flow` as a deployment on `work_pool`, by module path (the package is installed where the worker
     runs, so there is no code to upload)."""

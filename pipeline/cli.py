@@ -191,9 +191,10 @@ def schedule(
             f"deployment deploy/{name} on work pool {work_pool} ({api}); run: prefect worker start --pool {work_pool}"
         )
         return
+    from flows.schedule import serve_until_stopped
+
     typer.echo(f"serving deploy/{name} on {api}; Ctrl-C stops (and pauses the schedule)", err=True)
-    # one run at a time: overlapping runs would share the cores, and benchmarks must run alone
-    deploy_flow.serve(name=name, schedule=when, parameters=parameters, limit=1)
+    serve_until_stopped(deploy_flow, name, when, parameters)
 
 
 @app.command("compress")
