@@ -196,6 +196,23 @@ def intent_task_file(folder, **changes):
     return path
 
 
+def keyword_task_file(folder, word="and"):
+    """A two-label task a tiny model learns to 100%: does the sentence contain `word`? (the shipped SST-2 sample's
+    sentences; "and" is in half of them). Gives gates a teacher with margins, unlike sentiment from scratch."""
+    data = folder / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "dev"):
+        lines = (SAMPLE_DIR / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        texts = [line.split("\t")[0] for line in lines]
+        rows = [{"text": t, "label": "yes" if word in t.split() else "no"} for t in texts]
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {"name": f"has_{word}", "train": "data/train.jsonl", "dev": "data/dev.jsonl", "text_columns": ["text"],
+            "label_column": "label", "labels": ["no", "yes"], "metric": "accuracy"}  # fmt: skip
+    path = folder / "keyword.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
 # --- serving: a real tiny artifact and servers on loopback ports ------------------------------------------
 
 
