@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.schema import CustomTask
+from pipeline.config.recipes import read_yaml_mapping
+from pipeline.config.schema import CustomTask, validate
 from pipeline.errors import PipelineError
 
 TASK_KEY = "encoder_deploy_task"  # the task block in an artifact's config.json (serving/session.py reads it)
@@ -158,28 +159,12 @@ def custom_spec(task: CustomTask) -> TaskSpec:
 
 def load_task_file(path: str | Path) -> CustomTask:
     """The task a YAML file defines, with its data paths resolved against the file's folder; one-line errors."""
-    import yaml
-    from pydantic import ValidationError
-
     path = Path(path)
-    if not path.is_file():
-        raise PipelineError(f"task file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise PipelineError(f"task file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise PipelineError(f"task file {path} must be a mapping (name, train, dev, text_columns, ...)")
+    data = read_yaml_mapping(path, "task file")
     for key in ("train", "dev"):
         if isinstance(data.get(key), str):
             data[key] = str((path.parent / data[key]).resolve())
-    try:
-        task = CustomTask.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        raise PipelineError(f"task file {path}: {loc + ': ' if loc else ''}{msg}") from None
+    task = validate(CustomTask, data, f"task file {path}")
     if task.name in TASKS:
         raise PipelineError(f"task file {path}: name {task.name!r} is a built-in task; use --task {task.name}, or "
                             "another name")  # fmt: skip
