@@ -104,33 +104,39 @@ def _unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
         )
 
 
-def check_texts(texts: list, where: str, limits: Limits, kinds: tuple[type, ...] = (str,)) -> list[str]:
-    """Every item a string of at most `max_text_chars` characters (or a pair, with `kinds`), at most `max_items`
-    items, at least one."""
-    if not texts:
+def _check_count(items: list, where: str, limits: Limits) -> None:
+    """At least one item, at most `max_items`."""
+    if not items:
         raise RequestError(422, f"{where} is an empty list; send at least one text", "empty_inputs")
-    if len(texts) > limits.max_items:
+    if len(items) > limits.max_items:
         raise RequestError(
-            413, f"{where} has {len(texts)} texts; at most {limits.max_items} per request", "too_many_items"
+            413, f"{where} has {len(items)} texts; at most {limits.max_items} per request", "too_many_items"
         )
-    for i, t in enumerate(texts):
-        if not isinstance(t, kinds):
-            raise RequestError(422, f"{where}[{i}] is {_type(t)}; expected a string", "wrong_type")
-        if not isinstance(t, str):
-            continue
-        if len(t) > limits.max_text_chars:
-            raise RequestError(
-                413,
-                f"{where}[{i}] has {len(t)} characters; at most {limits.max_text_chars} (texts "
-                "within the limit are truncated to the model's max tokens)",
-                "text_too_long",
-            )
-        if not _is_unicode(t):
-            raise RequestError(
-                422,
-                f"{where}[{i}] is not valid Unicode text (it contains a lone surrogate escape such as \\ud800)",
-                "bad_text",
-            )
+
+
+def _check_text(text: Any, at: str, limits: Limits) -> str:
+    """A string of at most `max_text_chars` characters that encodes as UTF-8."""
+    if not isinstance(text, str):
+        raise RequestError(422, f"{at} is {_type(text)}; expected a string", "wrong_type")
+    if len(text) > limits.max_text_chars:
+        raise RequestError(
+            413,
+            f"{at} has {len(text)} characters; at most {limits.max_text_chars} (texts "
+            "within the limit are truncated to the model's max tokens)",
+            "text_too_long",
+        )
+    if not _is_unicode(text):
+        raise RequestError(
+            422, f"{at} is not valid Unicode text (it contains a lone surrogate escape such as \\ud800)", "bad_text"
+        )
+    return text
+
+
+def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
+    """Every item a string within the limits, at most `max_items` items, at least one."""
+    _check_count(texts, where, limits)
+    for i, text in enumerate(texts):
+        _check_text(text, f"{where}[{i}]", limits)
     return texts
 
 
@@ -145,13 +151,16 @@ def _is_unicode(text: str) -> bool:
 PAIR_EXAMPLE = '{"text": "...", "text_pair": "..."}'
 
 
+def _wanted_inputs(pair: bool) -> str:
+    return f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
+
+
 def _items(inputs: Any, pair: bool) -> tuple[list, bool]:
     """(items, single) from `inputs`: a string or a pair object, or a list of them (not mixed)."""
     if isinstance(inputs, str | dict):
         return [inputs], True
     if not isinstance(inputs, list):
-        want = f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
-        raise RequestError(422, f"'inputs' must be {want}, not {_type(inputs)}", "wrong_type")
+        raise RequestError(422, f"'inputs' must be {_wanted_inputs(pair)}, not {_type(inputs)}", "wrong_type")
     return inputs, False
 
 
@@ -181,11 +190,14 @@ def _pair_items(items: list, where: str, pair: bool, single: bool = False) -> li
 
 
 def _check_items(items: list[Text], where: str, limits: Limits) -> list[Text]:
-    """`check_texts` over every text of every item (pairs: both halves count against the per-text limit)."""
-    check_texts(items, where, limits, kinds=(str, tuple))
+    """`check_texts` for single texts and pairs: a pair is one item, and each of its texts is held to the limits."""
+    _check_count(items, where, limits)
     for i, item in enumerate(items):
         if isinstance(item, tuple):
-            check_texts(list(item), f"{where}[{i}]", Limits(2, limits.max_text_chars))
+            for j, text in enumerate(item):
+                _check_text(text, f"{where}[{i}][{j}]", limits)
+        else:
+            _check_text(item, f"{where}[{i}]", limits)
     return items
 
 
@@ -196,8 +208,7 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False) -> PredictRe
     body = _object(payload, "request body")
     _unknown_keys(body, ("inputs", "parameters", "options"), "request body")
     if "inputs" not in body:
-        want = f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
-        raise RequestError(422, f"missing field 'inputs' ({want})", "missing_field")
+        raise RequestError(422, f"missing field 'inputs' ({_wanted_inputs(pair)})", "missing_field")
     items, single = _items(body["inputs"], pair)
     texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
     params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
