@@ -36,6 +36,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from serving.session import TASK_KEY  # noqa: E402  (ROOT is on the path first)
+
 DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -56,8 +58,9 @@ def load_texts(path: Path, columns: list[str]) -> list[str | tuple[str, str]]:
 
 def artifact_columns(artifact: Path) -> list[str]:
     """The text column(s) the artifact's task block names (`sentence` for artifacts without one)."""
-    task = json.loads((artifact / "config.json").read_text()).get("encoder_deploy_task") or {}
-    return task.get("text_columns") if task.get("pair") else [*task.get("text_columns", []), "sentence"][:1]
+    task = json.loads((artifact / "config.json").read_text()).get(TASK_KEY) or {}
+    columns = task.get("text_columns") or ["sentence"]
+    return columns if task.get("pair") else columns[:1]
 
 
 def body_of(item: str | tuple[str, str]) -> bytes:

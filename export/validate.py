@@ -14,7 +14,7 @@ from export.parity import ParityReport, compare_logits, onnx_logits
 from pipeline.config.schema import DataLimits, Gates
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import task_spec
+from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
@@ -122,8 +122,6 @@ def evaluate_artifact(
     limits = DataLimits.model_validate(config["data"])
     custom = config.get("custom_task")
     if task_file is not None:
-        from pipeline.data.tasks import load_task_file
-
         custom = load_task_file(task_file)
         if custom.name != report["task"]:
             raise PipelineError(f"{task_file} defines task {custom.name!r}; the artifact is for {report['task']!r}")

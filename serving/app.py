@@ -108,7 +108,7 @@ class Service:
         self.model = model
         self.name = model_name
         self.labels = list(model.labels)
-        self.pair = bool(getattr(model, "pair", False))
+        self.pair = model.pair
         self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
         self.batcher = MicroBatcher(model.logits, config.max_batch, config.max_wait_ms / 1000, config.max_queue)

@@ -93,7 +93,7 @@ def test_a_csv_pair_task_deploys_and_serves_pairs(base_dirs, tmp_path):
     assert report["validation"]["metric"] == "f1" and "f1" in report["validation"]["metrics"]["dev"]["onnx_fp32"]
 
     data = load_task_data(custom_spec(load_task_file(task_file)))
-    assert data.dev.texts[1][1].endswith(",\nagain") or data.dev.texts[0][1].endswith(",\nagain")
+    assert data.dev.texts[0][1].endswith(",\nagain")  # row 160: even rows repeat the text, quoted
     pairs = data.dev.texts[:6]
 
     from optimum.onnxruntime import ORTModelForSequenceClassification

@@ -333,7 +333,7 @@ def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
     return (
         _hf_split(spec, ds, "train", name),
         _hf_split(spec, ds, spec.hf_dev_split, name),
-        (f"Hugging Face dataset {name} ({where})"),
+        f"Hugging Face dataset {name} ({where})",
     )
 
 
@@ -384,7 +384,7 @@ def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
     return (
         _hf_split(spec, ds, "train", where),
         _hf_split(spec, ds, dev, where),
-        (f"Hugging Face dataset {where} ({kind}, offline)"),
+        f"Hugging Face dataset {where} ({kind}, offline)",
     )
 
 
