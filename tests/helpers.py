@@ -23,8 +23,9 @@ from pipeline.data.loaders import SAMPLE_DIR
 VOCAB = 400
 
 
-def _texts() -> list[str]:
-    lines = (SAMPLE_DIR / "sst2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+def sample_sentences(split: str = "dev") -> list[str]:
+    """The sentences of the shipped SST-2 sample's `split` (train: 1,000; dev: 250)."""
+    lines = (SAMPLE_DIR / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
     return [line.split("\t")[0] for line in lines]
 
 
@@ -36,11 +37,13 @@ def tiny_tokenizer(kind: str = "bert"):
     if kind == "bert":
         tok = BertWordPieceTokenizer(lowercase=True)
         tok.train_from_iterator(
-            _texts(), vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+            sample_sentences("train"), vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         )
         return BertTokenizerFast(tokenizer_object=tok._tokenizer, model_max_length=128)
     tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(_texts(), vocab_size=VOCAB, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tok.train_from_iterator(
+        sample_sentences("train"), vocab_size=VOCAB, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    )
     from tokenizers.processors import RobertaProcessing
 
     tok._tokenizer.post_processor = RobertaProcessing(("</s>", 2), ("<s>", 0))
@@ -173,14 +176,19 @@ def run_cli(args, env):
 INTENTS = ["greet", "bye", "book", "cancel", "help"]
 
 
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def intent_task_file(folder, **changes):
     """A five-label single-text task in JSONL (sentences of the shipped sample, labels by position)."""
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
-    texts = dev_sentences()
+    texts = sample_sentences()
     for name, part in (("train", texts[:200]), ("dev", texts[200:240])):
-        rows = [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
-        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _write_jsonl(
+            data / f"{name}.jsonl", [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
+        )
     spec = {
         "name": "intents",
         "train": "data/train.jsonl",
@@ -202,10 +210,8 @@ def keyword_task_file(folder, word="and"):
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
     for split in ("train", "dev"):
-        lines = (SAMPLE_DIR / "sst2" / f"{split}.tsv").read_text(encoding="utf-8").splitlines()[1:]
-        texts = [line.split("\t")[0] for line in lines]
-        rows = [{"text": t, "label": "yes" if word in t.split() else "no"} for t in texts]
-        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        rows = [{"text": t, "label": "yes" if word in t.split() else "no"} for t in sample_sentences(split)]
+        _write_jsonl(data / f"{split}.jsonl", rows)
     spec = {"name": f"has_{word}", "train": "data/train.jsonl", "dev": "data/dev.jsonl", "text_columns": ["text"],
             "label_column": "label", "labels": ["no", "yes"], "metric": "accuracy"}  # fmt: skip
     path = folder / "keyword.yaml"
@@ -214,12 +220,6 @@ def keyword_task_file(folder, word="and"):
 
 
 # --- serving: a real tiny artifact and servers on loopback ports ------------------------------------------
-
-
-def dev_sentences() -> list[str]:
-    """The shipped SST-2 dev sample (250 sentences)."""
-    lines = (SAMPLE_DIR / "sst2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    return [line.split("\t")[0] for line in lines]
 
 
 def tiny_artifact(base: Path, task: str = "sst2") -> Path:

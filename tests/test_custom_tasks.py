@@ -20,10 +20,10 @@ from tests.helpers import (
     ServerProcess,
     assert_one_line_error,
     cli_deploy,
-    dev_sentences,
     intent_task_file,
     quick_deploy,
     run_cli,
+    sample_sentences,
 )
 
 
@@ -31,7 +31,7 @@ def _pair_task(folder):
     """A two-label sentence-pair task in CSV with integer labels, quoted fields holding commas and newlines."""
     data = folder / "pairs"
     data.mkdir(parents=True, exist_ok=True)
-    texts = dev_sentences()
+    texts = sample_sentences()
     for name, lo, hi in (("train", 0, 160), ("dev", 160, 200)):
         with (data / f"{name}.csv").open("w", newline="") as f:
             w = csv.writer(f)
@@ -69,7 +69,7 @@ def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
     from serving.session import ArtifactSession
 
     session = ArtifactSession(artifact)
-    assert not session.pair and {p[0]["label"] for p in session.predict(dev_sentences()[:20])} <= set(INTENTS)
+    assert not session.pair and {p[0]["label"] for p in session.predict(sample_sentences()[:20])} <= set(INTENTS)
 
     # `pipeline evaluate` finds the task's own files through the manifest and agrees with validation
     out = subprocess.run(

@@ -25,10 +25,10 @@ from tests.helpers import (
     GatedModel,
     ServerProcess,
     ThreadServer,
-    dev_sentences,
     gated_app,
     json_error,
     metric_samples,
+    sample_sentences,
     tiny_artifact,
     wait_until,
 )
@@ -56,7 +56,7 @@ def server(artifact, tmp_path_factory):
 
 # -- what the server answers ---------------------------------------------------------------------------------
 def test_predictions_equal_the_artifact_session_on_sst2_dev(server, client, session):
-    texts = dev_sentences()
+    texts = sample_sentences()
     expected = session.predict(texts, top_k=None)
 
     def post(i):
@@ -104,7 +104,7 @@ def test_open_inference_protocol(server, client, session):
     assert client.get(f"{server}/v2/models/{name}/versions/1").json() == meta
     assert client.get(f"{server}/v2/models/{name}/ready").json() == {"name": name, "ready": True}
 
-    texts = dev_sentences()[:5]
+    texts = sample_sentences()[:5]
     request = {"id": "req-1", "inputs": [{"name": "text", "shape": [5], "datatype": "BYTES", "data": texts}]}
     out = client.post(f"{server}/v2/models/{name}/infer", json=request).raise_for_status().json()
     assert out["model_name"] == name and out["id"] == "req-1"
