@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import signal
 
 from pydantic import ValidationError
 
@@ -58,8 +59,6 @@ def serve_until_stopped(flow, name: str, schedule, parameters: dict) -> None:
     and a cancellation that lands while the runner starts a run was swallowed (the process served on, and runs
     piled up); the pause is then made through the API, not left to the runner's shutdown path.
     """
-    import signal
-
     from prefect.client.orchestration import get_client
 
     def interrupt(signum, frame):

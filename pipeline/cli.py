@@ -167,7 +167,7 @@ def schedule(
     stopped, or registered on a work pool for a worker. Takes every `deploy` option."""
     _setup_logging()
     _prefect_defaults()
-    from flows.schedule import check_prefect_api, make_schedule
+    from flows.schedule import check_prefect_api, make_schedule, register_on_pool, serve_until_stopped
     from pipeline.errors import PipelineError
 
     try:
@@ -181,8 +181,6 @@ def schedule(
     name = name or f"{request.config.task}-{request.config.method}"
     parameters = {"request": request.model_dump(mode="json")}
     if work_pool:
-        from flows.schedule import register_on_pool
-
         try:
             register_on_pool(deploy_flow, name, when, parameters, work_pool)
         except PipelineError as e:
@@ -191,8 +189,6 @@ def schedule(
             f"deployment deploy/{name} on work pool {work_pool} ({api}); run: prefect worker start --pool {work_pool}"
         )
         return
-    from flows.schedule import serve_until_stopped
-
     typer.echo(f"serving deploy/{name} on {api}; Ctrl-C stops (and pauses the schedule)", err=True)
     serve_until_stopped(deploy_flow, name, when, parameters)
 
