@@ -4,7 +4,7 @@ import pytest
 
 from pipeline.compress.registry import get_method, method_config, methods
 from pipeline.config.recipes import RECIPES_DIR, TEACHERS_DIR, apply_override, default_recipe_path, read_yaml_mapping
-from pipeline.config.schema import CustomTask, DeployConfig, TrainConfig
+from pipeline.config.schema import DeployConfig, TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
 from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
@@ -141,24 +141,8 @@ def test_every_cpu_recipe_shares_one_teacher_definition():
                 assert cfg.teacher.model_dump() == TrainConfig(**shared).model_dump(), recipe
     assert build_deploy_config("gmp", "sst2", "paper").teacher.lr == 2e-5
     assert build_deploy_config("smp", "sst2", overrides=["teacher=paper"]).teacher.max_steps == 6315
-    with pytest.raises(PipelineError, match="unknown teacher definition 'nope'; known: default, paper, rte"):
+    with pytest.raises(PipelineError, match="unknown teacher definition 'nope'; known: default, paper"):
         build_deploy_config("smp", "sst2", overrides=["teacher=nope"])
-
-
-def test_a_task_with_its_own_teacher_definition_gets_it_for_every_method():
-    """`default` is recipes/teacher/<task>.yaml where one exists (RTE's longer fine-tuning): every CPU recipe on
-    rte shares that one teacher; mrpc, a user's task named like a built-in one and `paper` keep their own."""
-    own = TrainConfig(**read_yaml_mapping(TEACHERS_DIR / "rte.yaml", "teacher definition")).model_dump()
-    shared = TrainConfig(**read_yaml_mapping(TEACHERS_DIR / "default.yaml", "teacher definition")).model_dump()
-    assert own != shared
-    for m in methods():
-        assert build_deploy_config(m.name, "rte").teacher.model_dump() == own, m.name
-        assert build_deploy_config(m.name, "mrpc").teacher.model_dump() == shared, m.name
-    user_task = CustomTask(
-        name="rte", train="t.jsonl", dev="d.jsonl", text_columns=["a", "b"], label_column="y", labels=["n", "y"]
-    )
-    assert build_deploy_config("smp", "rte", custom_task=user_task).teacher.model_dump() == shared
-    assert build_deploy_config("smp", "rte", "paper").teacher.lr == 2e-5
 
 
 def test_a_task_without_its_own_recipe_gets_the_methods_defaults():

@@ -3,9 +3,7 @@
 A recipe holds `method`, its `config`, `teacher` (the name of a shared teacher definition in `recipes/teacher/`,
 `default` when absent, or an inline mapping), `data` limits, the `bench` grid and `gates`. The teacher's
 settings are part of its cache key, so every packaged CPU recipe names the one shared definition: editing it
-changes the teacher of every method at once, and methods keep sharing one cached teacher. `default` means the
-task's own definition where one exists (`recipes/teacher/<task>.yaml`): a small task needs more epochs than the
-shared budget gives it, and all of its methods still share that one teacher.
+changes the teacher of every method at once, and methods keep sharing one cached teacher.
 
 Recipe lookup for `--method M --task T`: `recipes/M/T.yaml`, else `recipes/M/default.yaml` (the method's
 defaults for any task). `--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A chain
@@ -65,14 +63,11 @@ def teacher_names() -> list[str]:
     return sorted(p.stem for p in TEACHERS_DIR.glob("*.yaml"))
 
 
-def resolve_teacher(data: dict[str, Any], task: str | None) -> None:
-    """Replace a teacher name (or its absence) by the shared definition it names, in place: `default` is
-    `recipes/teacher/<task>.yaml` where the task has one (`task` None: a user's task, which gets the default)."""
+def resolve_teacher(data: dict[str, Any]) -> None:
+    """Replace a teacher name (or its absence) by the shared definition it names, in place."""
     teacher = data.get("teacher", DEFAULT_TEACHER)
     if isinstance(teacher, str):
         path = TEACHERS_DIR / f"{teacher}.yaml"
-        if teacher == DEFAULT_TEACHER and task and (TEACHERS_DIR / f"{task}.yaml").is_file():
-            path = TEACHERS_DIR / f"{task}.yaml"
         if not path.is_file():
             raise PipelineError(f"unknown teacher definition {teacher!r}; known: {', '.join(teacher_names())}")
         data["teacher"] = read_yaml_mapping(path, "teacher definition")
@@ -130,8 +125,8 @@ def load_recipe(
     if data.setdefault("method", method) != method:
         raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
     data["task"] = task
-    resolve_teacher(data, lookup)
+    resolve_teacher(data)
     for assignment in overrides:
         apply_override(data, assignment)
-    resolve_teacher(data, lookup)  # `--set teacher=NAME` names another shared definition
+    resolve_teacher(data)  # `--set teacher=NAME` names another shared definition
     return data
