@@ -176,47 +176,45 @@ def run_cli(args, env):
 INTENTS = ["greet", "bye", "book", "cancel", "help"]
 
 
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _jsonl_task_file(folder, stem: str, rows: dict[str, list[dict]], spec: dict) -> Path:
+    """A user's task: data/train.jsonl and data/dev.jsonl from `rows`, and `stem`.yaml naming them."""
+    data = folder / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for split, part in rows.items():
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    path = folder / f"{stem}.yaml"
+    path.write_text(json.dumps({"train": "data/train.jsonl", "dev": "data/dev.jsonl", **spec}))  # JSON is YAML
+    return path
 
 
 def intent_task_file(folder, **changes):
     """A five-label single-text task in JSONL (sentences of the shipped sample, labels by position)."""
-    data = folder / "data"
-    data.mkdir(parents=True, exist_ok=True)
     texts = sample_sentences()
-    for name, part in (("train", texts[:200]), ("dev", texts[200:240])):
-        _write_jsonl(
-            data / f"{name}.jsonl", [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
-        )
+    rows = {
+        name: [{"id": i, "utterance": t, "intent": INTENTS[i % 5]} for i, t in enumerate(part)]
+        for name, part in (("train", texts[:200]), ("dev", texts[200:240]))
+    }
     spec = {
         "name": "intents",
-        "train": "data/train.jsonl",
-        "dev": "data/dev.jsonl",
         "text_columns": ["utterance"],
         "label_column": "intent",
         "labels": INTENTS,
         "metric": "macro_f1",
         **changes,
     }
-    path = folder / "intents.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
+    return _jsonl_task_file(folder, "intents", rows, spec)
 
 
-def keyword_task_file(folder, word="and"):
-    """A two-label task a tiny model learns to 100%: does the sentence contain `word`? (the shipped SST-2 sample's
+def keyword_task_file(folder):
+    """A two-label task a tiny model learns to 100%: does the sentence contain "and"? (the shipped SST-2 sample's
     sentences; "and" is in half of them). Gives gates a teacher with margins, unlike sentiment from scratch."""
-    data = folder / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "dev"):
-        rows = [{"text": t, "label": "yes" if word in t.split() else "no"} for t in sample_sentences(split)]
-        _write_jsonl(data / f"{split}.jsonl", rows)
-    spec = {"name": f"has_{word}", "train": "data/train.jsonl", "dev": "data/dev.jsonl", "text_columns": ["text"],
-            "label_column": "label", "labels": ["no", "yes"], "metric": "accuracy"}  # fmt: skip
-    path = folder / "keyword.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
+    rows = {
+        split: [{"text": t, "label": "yes" if "and" in t.split() else "no"} for t in sample_sentences(split)]
+        for split in ("train", "dev")
+    }
+    spec = {"name": "has_and", "text_columns": ["text"], "label_column": "label", "labels": ["no", "yes"],
+            "metric": "accuracy"}  # fmt: skip
+    return _jsonl_task_file(folder, "keyword", rows, spec)
 
 
 # --- serving: a real tiny artifact and servers on loopback ports ------------------------------------------
