@@ -123,6 +123,7 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
             ctx.train,
             None,
             tune_cfg,
+            teacher=ctx.teacher,  # train() moves it to the training device beside the model
             loss_fn=layerwise_mse(ctx.teacher),
             params=params,
             desc="layer-wise tuning",
