@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from export.report import render_markdown
+from pipeline import interrupts
 from pipeline.cache import file_digest
 from pipeline.data.tasks import TASK_KEY
 from pipeline.errors import PipelineError
@@ -168,6 +169,7 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
         "task": _task_block(staging),
     }
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    interrupts.check()  # the last moment a stop signal can keep the artifact from appearing
     os.replace(staging, final)
     _release(staging)
     return final

@@ -25,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from export.package import artifact_name, discard, new_staging, published_name
 from export.report import latency_rows, render_markdown
 from flows import stage_tasks
+from pipeline import interrupts
 from pipeline.compress.registry import model_max_length
 from pipeline.config.schema import DeployConfig
 from pipeline.errors import PipelineError
@@ -38,6 +39,7 @@ STATE_FILE = "state.json"
 @flow(name="deploy", log_prints=True)
 def deploy(request: DeployRequest) -> str:
     """Compress, compact, export, validate, benchmark and package; returns the artifact folder."""
+    interrupts.rearm()  # Prefect's flow engine has just replaced the SIGTERM handler with its own
     run = prepare(request)
     compress(request, run)
     return package(request, run)
@@ -63,9 +65,11 @@ class Run:
         return task.fn(*args) if self.plain else task(*args)
 
     def timed(self, name: str, task, *args):
+        interrupts.check()  # a stage boundary: a stop signal whose raise was dropped ends the run here
         start = time.perf_counter()
         result = self.call(task, *args)
         self.timings[name] = round(time.perf_counter() - start, 1)
+        interrupts.check()
         return result
 
     def save(self, request: DeployRequest, folder: Path) -> None:

@@ -19,6 +19,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from export.pareto import pareto_report, pareto_rows, write_pareto
 from flows import stage_tasks
 from flows.deploy import compress_args, package, prepare
+from pipeline import interrupts
 from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 @flow(name="sweep", log_prints=True)
 def sweep(labels: list[str], requests: list[DeployRequest], output: str, max_metric_drop: float | None) -> dict:
     """Run every request, then write pareto.json, pareto.png and the `selected` link into `output`."""
+    interrupts.rearm()  # Prefect's flow engine has just replaced the SIGTERM handler with its own
     failed, prepared = [], []
     for label, request in zip(labels, requests, strict=True):
         try:

@@ -11,19 +11,40 @@ import logging
 import os
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
+T = TypeVar("T")
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Compress, export, validate and ship BERT-family encoders."
 )
 
 
-def _fail(e: Exception, code: int) -> None:
+def _fail(e: Exception | str, code: int) -> None:
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(code)
+
+
+def _guarded(body: Callable[[], T]) -> T:
+    """Run a command's body with the run's safety net: a stop signal (SIGINT, SIGTERM) ends it with 128 + the
+    signal and publishes nothing, a failed gate exits 1, a user error exits 2, each in one line."""
+    from pipeline import interrupts
+    from pipeline.errors import GateError, PipelineError
+
+    interrupts.arm()
+    try:
+        return body()
+    except GateError as e:
+        _fail(e, 1)
+    except PipelineError as e:
+        _fail(e, 2)
+    except interrupts.Interrupted as e:
+        _fail(f"{e}; nothing was published", e.exit_code)
+    finally:
+        interrupts.disarm()
 
 
 def _setup_logging() -> None:
@@ -93,22 +114,23 @@ def deploy(
     """Compress a model for a task and write a validated, benchmarked ONNX artifact."""
     options = dict(locals())
     _setup_logging()
-    from pipeline.errors import GateError, PipelineError
 
-    try:
+    def run() -> str:
         request = _request(**options)
-    except PipelineError as e:
-        _fail(e, 2)
-    _prefect_defaults()
-    from flows.deploy import deploy as deploy_flow
+        _prefect_defaults()
+        from flows.deploy import deploy as deploy_flow
 
-    try:
-        path = deploy_flow(request)
-    except GateError as e:
-        _fail(e, 1)
-    except PipelineError as e:
-        _fail(e, 2)
-    typer.echo(path)
+        _watch_helpers()
+        return deploy_flow(request)
+
+    typer.echo(_guarded(run))
+
+
+def _watch_helpers() -> None:
+    """The run is about to start helper processes (Prefect's server, Dask): a watchdog ends them if it dies."""
+    from pipeline.watchdog import start
+
+    start()
 
 
 def _request(
@@ -205,13 +227,12 @@ def compress_stage(
     bench, package over it). Takes every `deploy` option; the compressed model stays in the cache."""
     _setup_logging()
     from flows.deploy import check_new_work, start_work
-    from pipeline.errors import PipelineError
 
-    try:
+    def run() -> None:
         check_new_work(Path(work))  # before the request: a folder in use fails before any data is read
         start_work(_request(**options), Path(work))
-    except PipelineError as e:
-        _fail(e, 2)
+
+    _guarded(run)
     typer.echo(Path(work).resolve())
 
 
@@ -221,14 +242,8 @@ def _stage(name: str, doc: str) -> None:
     def command(work: Annotated[str, typer.Argument(help="Work folder made by `pipeline compress`.")]) -> None:
         _setup_logging()
         from flows.deploy import run_step
-        from pipeline.errors import GateError, PipelineError
 
-        try:
-            report = run_step(Path(work), name)
-        except GateError as e:
-            _fail(e, 1)
-        except PipelineError as e:
-            _fail(e, 2)
+        report = _guarded(lambda: run_step(Path(work), name))
         typer.echo(Path(work).resolve() if name == "compact" else json.dumps(report, default=str)[:2000])
 
     command.__doc__ = doc
@@ -251,13 +266,8 @@ def package_stage(
     """Stage 6 by hand: publish the work folder as an artifact (report, manifest) in one rename."""
     _setup_logging()
     from flows.deploy import publish_work
-    from pipeline.errors import PipelineError
 
-    try:
-        final = publish_work(Path(work), output)
-    except PipelineError as e:
-        _fail(e, 2)
-    typer.echo(final)
+    typer.echo(_guarded(lambda: publish_work(Path(work), output)))
 
 
 @app.command()
@@ -274,15 +284,13 @@ def evaluate(
     ] = None,
 ) -> None:
     """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON."""
-    from pipeline.errors import PipelineError
 
-    try:
+    def run() -> dict:
         from export.validate import evaluate_artifact
 
-        result = evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file)
-    except PipelineError as e:
-        _fail(e, 2)
-    typer.echo(json.dumps(result, indent=2))
+        return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file)
+
+    typer.echo(json.dumps(_guarded(run), indent=2))
 
 
 @app.command()
@@ -312,19 +320,17 @@ def sweep(
     from pipeline.errors import PipelineError
     from pipeline.sweep import load_sweep
 
-    try:
+    def run() -> dict:
         runs = load_sweep(sweep_file, str(Path(output).resolve()), cache_dir, list(set_ or []))
         runner = _dask_runner(dask_address, workers)
-    except PipelineError as e:
-        _fail(e, 2)
-    from flows.sweep import sweep as sweep_flow
+        from flows.sweep import sweep as sweep_flow
 
-    try:
-        result = sweep_flow.with_options(task_runner=runner)(
+        _watch_helpers()
+        return sweep_flow.with_options(task_runner=runner)(
             [label for label, _ in runs], [r for _, r in runs], str(Path(output).resolve()), max_metric_drop
         )
-    except PipelineError as e:
-        _fail(e, 2)
+
+    result = _guarded(run)
     from export.pareto import pareto_rows
 
     for row in pareto_rows(result):

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from pipeline import interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import Encoded, iter_batches
 from pipeline.train.losses import LossFn, classification_loss
@@ -123,6 +124,7 @@ def train(
     )  # off without a TTY
     while step < steps:
         for batch in iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen):
+            interrupts.check()  # a stop signal whose raise was dropped ends training within a step
             batch = {k: v.to(device) for k, v in batch.items()}
             if before_step is not None:
                 before_step(step)

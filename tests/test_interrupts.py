@@ -1,0 +1,196 @@
+"""Stopping a run: the first SIGINT or SIGTERM stops it at any stage with exit 128 + N, nothing published and no
+staging folder left; a killed run's helper processes (Prefect's server, Dask) do not outlive it."""
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows import deploy as flow
+from flows import stage_tasks
+from pipeline import interrupts
+from pipeline.request import prepare_request
+from tests.helpers import LOOSE_GATES, quick_args, wait_until, write_tiny_model_dir
+
+# every stage boundary of a deploy, with the task that starts there
+BOUNDARIES = {
+    "data": stage_tasks.describe_data,
+    "teacher": stage_tasks.prepare_teacher,
+    "compress": stage_tasks.compress,
+    "compact": stage_tasks.compact,
+    "export": stage_tasks.export_models,
+    "validate": stage_tasks.validate_models,
+    "benchmark": stage_tasks.measure_speed,
+    "package": stage_tasks.publish,
+}
+FAST = ("config.tune_steps=2", "config.train.max_steps=2", "teacher.max_steps=2", "data.max_train=64",
+        "data.max_dev=16", "gates.int8_max_drop=100", "gates.max_metric_drop=100", "bench.batch_sizes=[1]",
+        "bench.seq_lens=[16]", "bench.min_runs=1", "bench.max_runs=1", "bench.warmup=0")  # fmt: skip
+
+
+class _SignalInCleanup:
+    """Sends a signal from `__del__`, where Python drops whatever the handler raises ("Exception ignored in")."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __del__(self) -> None:
+        signal.raise_signal(self.signum)
+
+
+@pytest.fixture
+def armed():
+    interrupts.arm()
+    yield
+    interrupts.disarm()
+
+
+DROPPED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped raise, on purpose
+
+
+@DROPPED
+def test_a_signal_whose_raise_is_dropped_still_stops_at_the_next_check(armed):
+    _SignalInCleanup(signal.SIGINT)  # the raise inside __del__ is dropped: execution goes on here
+    gc.collect()
+    assert interrupts.received() == signal.SIGINT
+    with pytest.raises(interrupts.Interrupted) as info:
+        interrupts.check()
+    assert info.value.exit_code == 130
+
+
+def test_exit_codes_follow_the_shell():
+    assert interrupts.Interrupted(signal.SIGINT).exit_code == 130
+    assert interrupts.Interrupted(signal.SIGTERM).exit_code == 143
+
+
+def test_a_second_signal_during_cleanup_is_ignored(armed):
+    with pytest.raises(interrupts.Interrupted):
+        signal.raise_signal(signal.SIGTERM)
+    signal.raise_signal(signal.SIGINT)  # recorded, not raised: the run is already cleaning up
+    with pytest.raises(interrupts.Interrupted) as info:
+        interrupts.check()
+    assert info.value.signum == signal.SIGTERM
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny model and a cache shared by the module's runs (the teacher and compressed model are reused)."""
+    root = tmp_path_factory.mktemp("interrupts")
+    return write_tiny_model_dir(root / "tiny", "bert", classifier=False), root / "cache"
+
+
+@DROPPED
+@pytest.mark.parametrize("dropped", [False, True], ids=["raised", "dropped"])
+@pytest.mark.parametrize("stage", list(BOUNDARIES))
+def test_a_stop_signal_at_any_stage_boundary_publishes_nothing(stage, dropped, tiny_run, tmp_path, monkeypatch, armed):
+    """The plain deploy (the same steps as the flow, without a Prefect server) gets SIGINT as `stage` starts;
+    `dropped`: the signal lands in a cleanup function, so only the next boundary check can stop the run."""
+    model, cache = tiny_run
+    task = BOUNDARIES[stage]
+    original = task.fn
+
+    def signalled(*args, **kwargs):
+        if dropped:
+            _SignalInCleanup(signal.SIGINT)
+            gc.collect()
+        else:
+            signal.raise_signal(signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(task, "fn", signalled)
+    out = tmp_path / "out"
+    request = prepare_request("mlp_fusion", "sst2", model=str(model), output_dir=str(out), cache_dir=str(cache),
+                              overrides=FAST)  # fmt: skip
+    with pytest.raises(interrupts.Interrupted):
+        run = flow.prepare(request, plain=True)
+        flow.compress(request, run)
+        flow.package(request, run)
+    assert not out.exists() or list(out.iterdir()) == []  # no artifact, no staging folder, no lock file
+    assert not [p for p in cache.rglob(".*-*") if p.is_dir()]  # no half-built cache entry
+
+
+# --- the real command: signals from outside, SIGKILL and its helper processes -----------------------------------
+
+
+def _start(args, env, log: Path, command: str = "deploy") -> subprocess.Popen:
+    with log.open("w") as err:
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", command, *args], stdout=subprocess.PIPE,
+                                stderr=err, env=env, text=True)  # fmt: skip
+
+
+def _after(log: Path, proc: subprocess.Popen, marker: str, timeout: float = 300) -> None:
+    wait_until(lambda: marker in log.read_text() or proc.poll() is not None, timeout=timeout)
+    assert proc.poll() is None, f"finished before {marker!r}:\n" + log.read_text()[-3000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("sig", "marker"),
+    [(signal.SIGINT, "Task run 'export"), (signal.SIGTERM, "Task run 'teacher")],
+    ids=["sigint-in-validate", "sigterm-in-compress"],
+)
+def test_the_command_stops_with_128_plus_the_signal_and_publishes_nothing(sig, marker, classifier_dirs, tmp_path):
+    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES)
+    log = tmp_path / "run.log"
+    proc = _start(args, env, log)
+    _after(log, proc, marker)  # the stage before has finished: the signal lands in the next one
+    proc.send_signal(sig)
+    assert proc.wait(timeout=120) == 128 + sig, log.read_text()[-3000:]
+    errors = [ln for ln in log.read_text().splitlines() if ln.startswith("error: ")]
+    assert errors == [f"error: interrupted by {signal.Signals(sig).name}; nothing was published"]
+    out = tmp_path / "out"
+    assert not out.exists() or [p.name for p in out.iterdir()] == []
+
+
+def _family(proc: subprocess.Popen) -> list[psutil.Process]:
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _gone_within(procs: list[psutil.Process], seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.5)
+    return [" ".join(p.cmdline()[:4]) for p in alive if p.is_running()]
+
+
+@pytest.mark.e2e
+def test_sigkill_of_a_deploy_leaves_no_process_behind(classifier_dirs, tmp_path):
+    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES)
+    log = tmp_path / "run.log"
+    proc = _start(args, env, log)
+    _after(log, proc, "Task run 'data")  # Prefect's server is up: a flow run has started on it
+    family = _family(proc)
+    assert any("prefect" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone_within(family, 30) == []
+
+
+@pytest.mark.e2e
+def test_sigkill_of_a_sweep_leaves_no_process_behind(classifier_dirs, tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"task: sst2\nteacher: {classifier_dirs['bert']}\n"
+        "set: {data.max_train: 64, data.max_dev: 16, config.train.max_steps: 500, config.train.epochs: 1000}\n"
+        "runs:\n  - {method: mlp_fusion, set: {config.ratio: 0.5}}\n"
+        "  - {method: mlp_fusion, set: {config.ratio: 0.25}}\n"
+    )
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    log = tmp_path / "sweep.log"
+    proc = _start([str(sweep), "--output", str(tmp_path / "sweep"), "--workers", "2"], env, log, command="sweep")
+    # Prefect's server, then the Dask cluster: two nannies and their two workers
+    wait_until(lambda: len(_family(proc)) >= 5 or proc.poll() is not None, timeout=300)
+    assert proc.poll() is None, log.read_text()[-3000:]
+    time.sleep(2)  # the watchdog has seen the workers
+    family = _family(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone_within(family, 30) == []
