@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--max-runs", type=int, default=100)
     ap.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--busy-cores", type=float, default=BenchSettings().busy_cores, help="others' cores tolerated")
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         max_runs=args.max_runs,
         min_runs=min(10, args.max_runs),
         threads=args.threads,
+        busy_cores=args.busy_cores,
     )
     result = benchmark(models, args.vocab_size, cfg)
 
@@ -67,14 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     w = max(len("model"), *(len(n) for n in models))
     print(
         f"{'model':<{w}}  {'provider':<10} {'batch':>5} {'seq':>5} {'runs':>5} "
-        f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'seq/s':>10}"
+        f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'seq/s':>10} {'p90/p50':>8} {'others':>7}"
     )
     for c in result["cells"]:
         print(
             f"{c['model']:<{w}}  {c['provider'].replace('ExecutionProvider', ''):<10} "
             f"{c['batch']:>5} {c['seq']:>5} {c['runs']:>5} {c['p50_ms']:>9.3f} "
-            f"{c['p90_ms']:>9.3f} {c['p99_ms']:>9.3f} {c['throughput_per_s']:>10.1f}"
+            f"{c['p90_ms']:>9.3f} {c['p99_ms']:>9.3f} {c['throughput_per_s']:>10.1f} "
+            f"{c['p90_over_p50']:>8.2f} {c['others_cores']:>7.2f}"
         )
+    m = result["machine"]
+    print(
+        f"{'BUSY' if m['busy'] else 'quiet'}: other processes held {m['others_cores']:.2f} cores on average "
+        f"({m['allowed_cores']:.2f} allowed), load average {m['loadavg_before']} before, {m['loadavg_after']} after"
+        + ("; these figures are not clean" if m["busy"] else "")
+    )
     for s in result["skipped"]:
         print(f"skipped {s['model']} on {s['provider']}: {s['reason']}")
 

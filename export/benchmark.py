@@ -2,18 +2,22 @@
 
 All models are timed in one process with identical inputs and thread settings,
 interleaved run by run inside each (batch, seq) cell so machine drift hits every
-model equally.
+model equally. Interleaving cannot undo contention, though: other processes' CPU time
+is measured around every cell, and the result says whether the machine was busy.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 
 from export.sessions import CPU, CUDA, make_session, physical_cores
 from pipeline.config.schema import BenchSettings
@@ -66,7 +70,7 @@ def _feeds(sess: ort.InferenceSession, b: int, s: int, vocab_size: int) -> dict[
 
 def _stats(times_ms: list[float], b: int) -> dict:
     t = np.asarray(times_ms)
-    p50, p90, p99 = np.percentile(t, [50, 90, 99])
+    p25, p50, p75, p90, p99 = np.percentile(t, [25, 50, 75, 90, 99])
     mean = float(t.mean())
     return {
         "runs": len(t),
@@ -76,6 +80,96 @@ def _stats(times_ms: list[float], b: int) -> dict:
         "mean_ms": mean,
         "std_ms": float(t.std()),
         "throughput_per_s": b * 1000.0 / mean,
+        "p90_over_p50": float(p90 / p50),  # spread: a cell whose runs were interrupted has a long tail
+        "iqr_rel": float((p75 - p25) / p50),
+    }
+
+
+# System-wide busy time: iowait and idle are not. On Linux `user` and `nice` already include guest time.
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
+JUDGED_CELL_S = 1.0  # a cell timed for less is too few clock ticks (10 ms) to be judged on its own
+
+
+@dataclass(frozen=True)
+class LoadSample:
+    """CPU seconds used so far by the whole machine and by this process, at one instant."""
+
+    wall_s: float
+    machine_cpu_s: float  # busy time summed over every logical CPU
+    own_cpu_s: float  # every thread of this process, ONNX Runtime's intra-op threads included
+    loadavg_1m: float
+
+
+def load_sample() -> LoadSample:
+    # Children are other processes as far as contention goes (and their time only counts once reaped).
+    machine, own = psutil.cpu_times(), psutil.Process().cpu_times()
+    return LoadSample(
+        wall_s=time.perf_counter(),
+        machine_cpu_s=sum(getattr(machine, f, 0.0) for f in BUSY_FIELDS),
+        own_cpu_s=own.user + own.system,
+        loadavg_1m=os.getloadavg()[0],
+    )
+
+
+def others_cores(before: LoadSample, after: LoadSample) -> float:
+    """Cores other processes held on average between two samples: machine busy time minus this process's."""
+    wall = after.wall_s - before.wall_s
+    if wall <= 0:
+        return 0.0
+    others = (after.machine_cpu_s - before.machine_cpu_s) - (after.own_cpu_s - before.own_cpu_s)
+    return max(0.0, others / wall)
+
+
+def allowed_cores(threads: int, busy_cores: float, cores: int | None = None) -> float:
+    """Others' average cores a timing tolerates: `busy_cores`, plus the physical cores it leaves idle."""
+    return busy_cores + max(0, (cores or physical_cores()) - threads)
+
+
+def is_busy(others: float, threads: int, busy_cores: float, cores: int | None = None) -> bool:
+    return others > allowed_cores(threads, busy_cores, cores)
+
+
+def wait_until_quiet(max_wait_s: float, threads: int, busy_cores: float, window_s: float = 1.0) -> float:
+    """Sample the machine in `window_s` windows until others leave it quiet or `max_wait_s` is spent.
+
+    Returns the cores others held in the last window (0.0 when there was no time to sample).
+    """
+    others, deadline = 0.0, time.perf_counter() + max_wait_s
+    while time.perf_counter() + window_s <= deadline:
+        before = load_sample()
+        time.sleep(window_s)
+        others = others_cores(before, load_sample())
+        if not is_busy(others, threads, busy_cores):
+            break
+    return others
+
+
+def machine_load(spans: list[tuple[LoadSample, LoadSample]], threads: int, busy_cores: float) -> dict:
+    """The machine's load over the timed sections (`spans`, one per cell) and the verdict on it.
+
+    Busy when others held more than the allowance on average over all cells, or in any cell timed long enough
+    to judge alone (a burst during one cell spoils that cell even when the average hides it).
+    """
+    cores = physical_cores()
+    walls = [b.wall_s - a.wall_s for a, b in spans]
+    timed = sum(walls)
+    others = [others_cores(a, b) for a, b in spans]
+    average = sum(o * w for o, w in zip(others, walls, strict=True)) / timed if timed > 0 else 0.0
+    judged = [o for o, w in zip(others, walls, strict=True) if w >= JUDGED_CELL_S]
+    own = sum(b.own_cpu_s - a.own_cpu_s for a, b in spans)
+    return {
+        "others_cores": round(average, 3),
+        "others_cores_worst_cell": round(max(judged), 3) if judged else None,
+        "own_cores": round(own / timed, 3) if timed > 0 else 0.0,
+        "timed_s": round(timed, 2),
+        "loadavg_before": round(spans[0][0].loadavg_1m, 2) if spans else None,
+        "loadavg_after": round(spans[-1][1].loadavg_1m, 2) if spans else None,
+        "cores": cores,
+        "logical_cpus": psutil.cpu_count() or cores,
+        "threads": threads,
+        "busy_cores": busy_cores,
+        "allowed_cores": allowed_cores(threads, busy_cores, cores),
+        "busy": any(is_busy(o, threads, busy_cores, cores) for o in [average, *judged]),
     }
 
 
@@ -128,14 +222,15 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
     """Time every model on every (batch, seq) cell for each provider.
 
     Returns:
-        JSON-serialisable dict with "device", "cells" and "skipped" (model/provider
-        pairs not run, with the reason; int8 models are skipped on CUDA).
+        JSON-serialisable dict with "device", "cells" (each with the cores other processes held while it
+        was timed), "skipped" (model/provider pairs not run, with the reason; int8 models are skipped on
+        CUDA) and "machine" (`machine_load`: the load while timing and whether the machine was busy).
     """
     cfg = cfg or BenchSettings()
     threads = cfg.threads or physical_cores()
     available = ort.get_available_providers()
     providers = list(cfg.providers or [CPU] + ([CUDA] if CUDA in available else []))
-    cells, skipped, ran = [], [], []
+    cells, skipped, ran, spans = [], [], [], []
     for prov in providers:
         if prov not in available:
             skipped += [{"model": m, "provider": prov, "reason": "provider not available"} for m in models]
@@ -147,8 +242,14 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
         for b in cfg.batch_sizes:
             for s in cfg.seq_lens:
                 feeds = {n: _feeds(sess, b, s, vocab_size) for n, sess in sessions.items()}
-                for name, t in _time_cell(sessions, feeds, cfg).items():
-                    cells.append({"model": name, "provider": prov, "batch": b, "seq": s, **_stats(t, b)})
+                before = load_sample()
+                times = _time_cell(sessions, feeds, cfg)
+                spans.append((before, load_sample()))
+                others = round(others_cores(*spans[-1]), 3)
+                for name, t in times.items():
+                    cells.append(
+                        {"model": name, "provider": prov, "batch": b, "seq": s, **_stats(t, b), "others_cores": others}
+                    )
         del sessions  # free device memory before the next pass
     device = {
         "provider": ran[0] if ran else None,
@@ -161,7 +262,8 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
         "cpu": cpu_name(),
         "ort_version": ort.__version__,
     }
-    return {"device": device, "cells": cells, "skipped": skipped}
+    machine = machine_load(spans, threads, cfg.busy_cores)
+    return {"device": device, "cells": cells, "skipped": skipped, "machine": machine}
 
 
 def speedups(result: dict, baseline: str = "dense") -> list[dict]:

@@ -4,7 +4,9 @@ Every probe is a real model cut from the teacher (its first layers, narrowed to 
 weight norm, compacted) and exported exactly as an artifact is (ONNX, ORT fusion, dynamic int8), then timed in
 ONNX Runtime with the benchmark's settings, all probes interleaved in one process with the dense fp32 teacher.
 The table is cached by the teacher's shape, the grid, the input shape, the thread count, the CPU and the
-library versions: it describes this machine, not the teacher's weights.
+library versions: it describes this machine, not the teacher's weights. So only a table measured on a quiet
+machine is cached: a busy one is measured again (`target.busy_attempts`, waiting up to `target.busy_wait_s`
+for quiet in between), then refused, or with `target.accept_busy` used by this run alone and marked busy.
 """
 
 from __future__ import annotations
@@ -12,21 +14,32 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
-from export.benchmark import benchmark, cpu_name
+from export.benchmark import benchmark, cpu_name, wait_until_quiet
 from export.onnx import EXPORT_LIBRARIES, dense_graphs, export_optimized
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
 from pipeline.compress.methods.distill.students import cut_from
 from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
+from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-TABLE_VERSION = "1"
+TABLE_VERSION = "2"  # 2: tables carry the machine's load; version 1 tables may have been measured busy
 FIXED_PROBE = "fixed"  # two layers of the smallest shape: with the one-layer probe it gives the fixed cost
+TABLE_FILE = "table.json"
+
+
+class _Uncached(Exception):
+    """Raised out of the cache's build step to hand back an accepted busy table without caching it."""
+
+    def __init__(self, record: dict) -> None:
+        super().__init__("busy latency table: not cached")
+        self.record = record
 
 
 def grid(teacher_cfg: dict, target: TargetConfig) -> tuple[list[int], list[int]]:
@@ -37,9 +50,17 @@ def grid(teacher_cfg: dict, target: TargetConfig) -> tuple[list[int], list[int]]
 
 
 def measure_table(teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str) -> LatencyTable:
-    """The latency table for the teacher's architecture on this machine (cached)."""
-    from pipeline.models.io import load_model
+    """The latency table for the teacher's architecture on this machine (cached when measured quiet)."""
+    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir))
 
+
+def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str) -> dict:
+    """The table's fields plus "device", "machine" (the load it was measured under) and "cache" (what the cache
+    did: "hit", "stored", or "not stored: busy").
+
+    Raises:
+        PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
+    """
     cfg = json.loads((Path(teacher_dir) / "config.json").read_text())
     heads, ffn = grid(cfg, target)
     threads = bench.threads or physical_cores()
@@ -56,56 +77,112 @@ def measure_table(teacher_dir: str, target: TargetConfig, bench: BenchSettings, 
         cpu=cpu_name(),
         versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
     )
+    settings = bench.model_copy(
+        update={
+            "batch_sizes": (target.batch,),
+            "seq_lens": (target.seq,),
+            "threads": threads,
+            "providers": ("CPUExecutionProvider",),
+        }
+    )
 
-    def build(out: Path) -> None:
-        teacher = load_model(teacher_dir)
-        probes = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
-        probes[FIXED_PROBE] = (2, heads[0], ffn[0])
-        models = {}
+    def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
-            for name, (n, h, f) in probes.items():
-                export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, Path(tmp) / name)
-                models[name] = Path(tmp) / name / "model.int8.onnx"
-            models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / "dense.onnx"  # the one deploy benchmarks
-            settings = bench.model_copy(
-                update={
-                    "batch_sizes": (target.batch,),
-                    "seq_lens": (target.seq,),
-                    "threads": threads,
-                    "providers": ("CPUExecutionProvider",),
-                }
-            )
-            log.info("latency table: timing %d probes at %dx%d", len(models), target.batch, target.seq)
-            result = benchmark(models, cfg["vocab_size"], settings)
-        p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
-        smallest = p50[f"{heads[0]}x{ffn[0]}"]
-        table = LatencyTable(
-            heads=heads,
-            ffn=ffn,
-            layer_ms=[[p50[f"{h}x{f}"] for f in ffn] for h in heads],
-            fixed_ms=max(0.0, 2 * smallest - p50[FIXED_PROBE]),  # one layer minus its own cost
-            dense_fp32_ms=p50["dense"],
-            teacher={
-                "layers": cfg["num_hidden_layers"],
-                "heads": cfg["num_attention_heads"],
-                "ffn": cfg["intermediate_size"],
-                "hidden": cfg["hidden_size"],
-                "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
-            },
-            batch=target.batch,
-            seq=target.seq,
-        )
-        (out / "table.json").write_text(json.dumps({**table.__dict__, "device": result["device"]}, indent=2))
+            models = _export_probes(teacher_dir, cfg, heads, ffn, Path(tmp), cache_dir)
+            record = _measure_until_quiet(lambda: _time_probes(models, cfg, heads, ffn, settings), target, settings)
+        if record["machine"]["busy"]:
+            raise _Uncached(record)
+        (out / TABLE_FILE).write_text(json.dumps(record, indent=2))
 
-    entry, hit = cached_build(Path(cache_dir), "latency", key, build)
+    try:
+        entry, hit = cached_build(Path(cache_dir), "latency", key, build)
+    except _Uncached as busy:
+        log.warning("latency table: measured on a busy machine, used by this run only (target.accept_busy)")
+        return {**busy.record, "cache": "not stored: busy"}
     log.info("latency table: %s (%s)", entry, "cached" if hit else "measured now")
-    return LatencyTable.from_dict(json.loads((entry / "table.json").read_text()))
+    return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
+
+
+def _export_probes(teacher_dir: str, cfg: dict, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> dict:
+    """Every probe's int8 graph, and the dense fp32 teacher's (the graph deploy benchmarks), by probe name."""
+    from pipeline.models.io import load_model
+
+    teacher = load_model(teacher_dir)
+    probes = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
+    probes[FIXED_PROBE] = (2, heads[0], ffn[0])
+    models = {}
+    for name, (n, h, f) in probes.items():
+        export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, tmp / name)
+        models[name] = tmp / name / "model.int8.onnx"
+    models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / "dense.onnx"
+    return models
+
+
+def _time_probes(models: dict, cfg: dict, heads: list[int], ffn: list[int], settings: BenchSettings) -> dict:
+    """One timing of every probe: the table's fields, the device and the machine's load."""
+    log.info("latency table: timing %d probes at %dx%d", len(models), settings.batch_sizes[0], settings.seq_lens[0])
+    result = benchmark(models, cfg["vocab_size"], settings)
+    p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
+    smallest = p50[f"{heads[0]}x{ffn[0]}"]
+    table = LatencyTable(
+        heads=heads,
+        ffn=ffn,
+        layer_ms=[[p50[f"{h}x{f}"] for f in ffn] for h in heads],
+        fixed_ms=max(0.0, 2 * smallest - p50[FIXED_PROBE]),  # one layer minus its own cost
+        dense_fp32_ms=p50["dense"],
+        teacher={
+            "layers": cfg["num_hidden_layers"],
+            "heads": cfg["num_attention_heads"],
+            "ffn": cfg["intermediate_size"],
+            "hidden": cfg["hidden_size"],
+            "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+        },
+        batch=settings.batch_sizes[0],
+        seq=settings.seq_lens[0],
+    )
+    return {**table.__dict__, "device": result["device"], "machine": result["machine"]}
+
+
+def _measure_until_quiet(measure: Callable[[], dict], target: TargetConfig, settings: BenchSettings) -> dict:
+    """`measure()` until the machine was quiet through a measurement, at most `target.busy_attempts` times.
+
+    Returns the first quiet record, or the last busy one when `target.accept_busy` allows it.
+
+    Raises:
+        PipelineError: every attempt was busy and busy tables are not accepted.
+    """
+    for attempt in range(1, target.busy_attempts + 1):
+        if attempt > 1:
+            wait_until_quiet(target.busy_wait_s, settings.threads, settings.busy_cores)
+        record = measure()
+        machine = record["machine"]
+        if not machine["busy"]:
+            return record
+        log.warning(
+            "latency table: attempt %d/%d on a busy machine (other processes held %.2f cores, %.2f allowed)",
+            attempt,
+            target.busy_attempts,
+            machine["others_cores"],
+            machine["allowed_cores"],
+        )
+    if target.accept_busy:
+        return record
+    raise PipelineError(
+        f"latency table not measured: the machine was busy in all {target.busy_attempts} attempts (other "
+        f"processes held {_worst(machine):.2f} cores while timing, {machine['allowed_cores']:.2f} allowed); nothing "
+        "was cached. Run on a quiet machine, or set target.accept_busy=true to plan on a busy table once"
+    )
+
+
+def _worst(machine: dict) -> float:
+    return max(machine["others_cores"], machine["others_cores_worst_cell"] or 0.0)
 
 
 def plan_target(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
     check_target_chain(config.method)
-    table = measure_table(teacher_dir, config.target, config.bench, cache_dir)
+    record = table_record(teacher_dir, config.target, config.bench, cache_dir)
+    table = LatencyTable.from_dict(record)
     target = config.target
     shape = search_shape(table, target.speedup, layer_options(config, table.teacher["layers"]), target.headroom)
     aim = target.speedup * (1 + target.headroom)
@@ -133,5 +210,7 @@ def plan_target(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
             "fixed_ms": table.fixed_ms,
             "batch": table.batch,
             "seq": table.seq,
+            "machine": record["machine"],  # the load it was measured under; busy only with target.accept_busy
+            "cache": record["cache"],
         },
     }

@@ -7,10 +7,76 @@ def _fmt(x, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+# Per-cell spread and contention, as their Markdown headers; absent from reports made before they were measured.
+SPREAD_HEADERS = {"p90_over_p50": "p90/p50", "others_cores": "others' cores"}
+
+
 def latency_rows(speed: dict) -> list[dict]:
     """One flat row per (model, provider, batch, seq) cell: the table artifact and the Markdown table."""
     keep = ("model", "provider", "batch", "seq", "runs", "p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
-    return [{k: (round(c[k], 3) if isinstance(c[k], float) else c[k]) for k in keep} for c in speed.get("cells", [])]
+    return [
+        {k: (round(c[k], 3) if isinstance(c[k], float) else c[k]) for k in (*keep, *SPREAD_HEADERS) if k in c}
+        for c in speed.get("cells", [])
+    ]
+
+
+def _machine_line(machine: dict | None) -> list[str]:
+    """Whether other processes competed for the cores while timing: busy figures are not clean figures."""
+    if not machine:
+        return []
+    load = f"load average {_fmt(machine['loadavg_before'])} before, {_fmt(machine['loadavg_after'])} after"
+    worst = machine.get("others_cores_worst_cell")
+    worst = f" ({worst:.2f} in the worst cell)" if worst is not None else ""
+    held = f"other processes held {machine['others_cores']:.2f} cores on average{worst}"
+    allowed = f"{machine['allowed_cores']:.2f} allowed beside {machine['threads']} timing threads"
+    if machine["busy"]:
+        return [
+            f"**Busy machine: {held} while these figures were taken ({allowed}; {load}). They are not clean: "
+            "contention inflates latencies and distorts speedups; measure again on a quiet machine.**",
+            "",
+        ]
+    return [f"Quiet machine: {held} while timing ({allowed}; {load}).", ""]
+
+
+def _plan_table_line(plan: dict | None) -> list[str]:
+    machine = ((plan or {}).get("table") or {}).get("machine") or {}
+    if not machine.get("busy"):
+        return []
+    return [
+        f"**The plan's latency table was measured on a busy machine (other processes held "
+        f"{machine['others_cores']:.2f} cores; accepted with `target.accept_busy`, not cached): its predicted "
+        "speedup is not clean either.**",
+        "",
+    ]
+
+
+def _runs(values: list) -> str:
+    """A per-layer list as runs: [1536, 1536, 384, 384] -> "1536×2, 384×2"."""
+    runs: list[list] = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return ", ".join(f"{v}×{n}" if n > 1 else str(v) for v, n in runs) or "none"
+
+
+def _structure_line(c: dict, teacher: dict | None) -> str:
+    """The teacher's shape against the artifact's.
+
+    Compaction's own input is often narrow already (MLP Fusion and distill's narrowing shrink the FFNs while
+    compressing), so its widths before and after can be equal; the teacher's (from the speed stage) show what
+    the whole run did. Reports without them fall back to compaction's input.
+    """
+    if teacher:
+        ffn, heads, side = teacher["ffn"], teacher["heads"], "teacher"
+    else:
+        ffn, heads, side = c["ffn_widths_before"], c.get("heads_before", c["heads"]), "compaction input"
+    return (
+        f"FFN widths {_runs(ffn)} ({side}) → {_runs(c['ffn_widths'])} (artifact); heads {_runs(heads)} → "
+        f"{_runs(c['heads'])}; scaling folded in layers {c['folded_scale_layers']}; compaction max |Δ logits| "
+        f"{c['max_abs_diff']:.1e}."
+    )
 
 
 def _mask_lines(mask: dict | None, compaction: dict) -> list[str]:
@@ -62,13 +128,8 @@ def render_markdown(report: dict) -> str:
         ]
     c = report.get("compaction", {})
     if c:
-        lines += [
-            "## Structure",
-            "",
-            f"FFN widths {c['ffn_widths_before']} → {c['ffn_widths']}; heads {c['heads']}; "
-            f"scaling folded in layers {c['folded_scale_layers']}; compaction max |Δ logits| {c['max_abs_diff']:.1e}.",
-            "",
-        ]
+        teacher = report.get("speed", {}).get("shapes", {}).get("dense")
+        lines += ["## Structure", "", _structure_line(c, teacher), ""]
         lines += _mask_lines(report.get("compress", {}).get("mask"), c)
     s = report.get("speed", {})
     if s:
@@ -79,12 +140,16 @@ def render_markdown(report: dict) -> str:
             f"{dev.get('cpu')}, ORT {dev.get('ort_version')}, {dev.get('threads')} intra-op threads, spinning "
             f"{dev.get('spinning')}, models interleaved in one process on the same inputs.",
             "",
+            *_machine_line(s.get("machine")),
+            *_plan_table_line(report.get("plan")),
             f"Parameters: dense {s['params']['dense']:,}, compressed {s['params']['compressed']:,}.",
             "",
-            "| model | provider | batch | seq | runs | p50 ms | p90 ms | p99 ms | seq/s |",
-            "|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in latency_rows(s):
+        rows = latency_rows(s)
+        extra = [h for k, h in SPREAD_HEADERS.items() if rows and k in rows[0]]
+        header = ["model", "provider", "batch", "seq", "runs", "p50 ms", "p90 ms", "p99 ms", "seq/s", *extra]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for r in rows:
             lines.append("| " + " | ".join(_fmt(x) for x in r.values()) + " |")
         lines += [
             "",

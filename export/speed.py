@@ -68,5 +68,6 @@ def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> di
         "flops_per_sequence": {s: {"dense": flops(dense, s), "compressed": flops(comp, s)} for s in settings.seq_lens},
         "flop_bound": bounds,
         "params": {"dense": param_count(teacher_dir), "compressed": param_count(staging_path / "pytorch")},
+        "shapes": {"dense": dense, "compressed": comp},  # per-layer heads and FFN widths, the FLOPs' inputs
         "plot": plot.name,
     }

@@ -1,14 +1,34 @@
 """Tests for export/benchmark.py on real tiny BERT ONNX exports (CPU only, no timing asserts)."""
 
+import contextlib
 import json
+import shutil
+import subprocess
+import sys
 import warnings
 
 import numpy as np
+import psutil
 import pytest
 
-from export.benchmark import benchmark, encoder_flops, make_inputs, plot_latency, speedups
-from export.sessions import make_session
+import export.benchmark as bench_module
+from export.benchmark import (
+    JUDGED_CELL_S,
+    LoadSample,
+    allowed_cores,
+    benchmark,
+    encoder_flops,
+    is_busy,
+    machine_load,
+    make_inputs,
+    plot_latency,
+    speedups,
+    wait_until_quiet,
+)
+from export.report import render_markdown
+from export.sessions import make_session, physical_cores
 from pipeline.config.schema import BenchSettings
+from tests.helpers import wait_until
 
 VOCAB = 128
 CFG = BenchSettings(
@@ -159,3 +179,150 @@ def test_cuda_pass_skips_int8_and_unusable_provider(models, monkeypatch):
         {"dense": models["dense"]}, VOCAB, BenchSettings(batch_sizes=(1,), seq_lens=(8,), providers=("NopeProvider",))
     )
     assert explicit["cells"] == [] and explicit["skipped"][0]["reason"] == "provider not available"
+
+
+# --- a busy machine: the load while timing, its verdict, and what report.md says -------------------------------
+
+
+def test_cells_record_their_spread_and_the_run_the_machines_load(result):
+    for c in result["cells"]:
+        assert c["p90_over_p50"] == pytest.approx(c["p90_ms"] / c["p50_ms"]) and c["p90_over_p50"] >= 1
+        assert c["iqr_rel"] >= 0 and c["others_cores"] >= 0
+    m = result["machine"]
+    assert (m["threads"], m["busy_cores"], m["cores"]) == (CFG.threads, CFG.busy_cores, physical_cores())
+    assert m["allowed_cores"] == allowed_cores(CFG.threads, CFG.busy_cores)
+    assert m["timed_s"] > 0 and m["others_cores"] >= 0 and m["own_cores"] >= 0  # 10 ms ticks: a short run may show 0
+    assert m["loadavg_before"] >= 0 and m["loadavg_after"] >= 0
+    worst = m["others_cores_worst_cell"] or 0.0
+    assert m["busy"] == any(is_busy(o, CFG.threads, CFG.busy_cores) for o in (m["others_cores"], worst))
+
+
+@pytest.mark.parametrize(
+    ("others", "threads", "cores", "busy"),
+    [
+        (0.05, 2, 2, False),  # background noise
+        (0.3, 2, 2, True),  # more than a quarter core taken from the cores the benchmark times on
+        (1.8, 2, 2, True),  # a training on both cores
+        (0.9, 1, 2, False),  # others on the core a one-thread benchmark leaves idle
+        (1.3, 1, 2, True),  # ... and beyond it
+    ],
+)
+def test_the_busy_verdict_counts_others_beyond_the_cores_the_benchmark_leaves_idle(others, threads, cores, busy):
+    assert is_busy(others, threads, 0.25, cores) is busy
+
+
+def _span(start: float, wall: float, others: float, own: float, load: float = 0.5) -> tuple[LoadSample, LoadSample]:
+    """Two samples `wall` seconds apart during which others held `others` cores and this process `own`."""
+    return (
+        LoadSample(start, 1000.0, 10.0, load),
+        LoadSample(start + wall, 1000.0 + (others + own) * wall, 10.0 + own * wall, load + 1),
+    )
+
+
+def test_machine_load_averages_others_over_the_cells_and_judges_long_cells_alone(monkeypatch):
+    monkeypatch.setattr(bench_module, "physical_cores", lambda: 2)
+    long, short = 3 * JUDGED_CELL_S, JUDGED_CELL_S / 5
+    quiet = machine_load([_span(0, long, 0.05, 2.0), _span(long, long, 0.1, 2.0)], threads=2, busy_cores=0.25)
+    assert not quiet["busy"] and quiet["others_cores"] == pytest.approx(0.075, abs=1e-3)
+    assert quiet["own_cores"] == pytest.approx(2.0) and quiet["timed_s"] == pytest.approx(2 * long)
+    assert (quiet["loadavg_before"], quiet["loadavg_after"]) == (0.5, 1.5)
+    busy = machine_load([_span(0, long, 1.6, 1.0)], threads=2, busy_cores=0.25)
+    assert busy["busy"] and busy["others_cores"] == pytest.approx(1.6)
+    # a burst during one cell spoils that cell even where the average over the run stays under the threshold
+    burst = machine_load([_span(0, 10 * long, 0.0, 2.0), _span(10 * long, long, 1.5, 2.0)], 2, 0.25)
+    assert burst["others_cores"] < 0.25 < burst["others_cores_worst_cell"] and burst["busy"]
+    # a cell too short to judge alone only counts in the average
+    blip = machine_load([_span(0, 10 * long, 0.0, 2.0), _span(10 * long, short, 1.5, 2.0)], 2, 0.25)
+    assert not blip["busy"] and blip["others_cores_worst_cell"] == 0.0
+
+
+def _report(speed: dict, **extra) -> dict:
+    """A report.json with only what render_markdown needs around the speed section."""
+    base = {"task": "sst2", "method": "smp", "data": {"source": "sample"}, "teacher": {}}
+    return {**base, **extra, "speed": {"params": {"dense": 1, "compressed": 1}, "speedups": [], "plot": "x", **speed}}
+
+
+def test_report_md_says_a_quiet_run_was_quiet_with_its_figures(result, monkeypatch):
+    monkeypatch.setattr(bench_module, "physical_cores", lambda: 2)
+    machine = machine_load([_span(0, 2 * JUDGED_CELL_S, 0.04, 2.0, load=0.3)], threads=2, busy_cores=0.25)
+    md = render_markdown(_report({**result, "machine": machine}))
+    assert "Quiet machine: other processes held 0.04 cores on average" in md
+    assert "0.25 allowed beside 2 timing threads; load average 0.30 before, 1.30 after" in md
+    assert "not clean" not in md and "| p90/p50 | others' cores |" in md
+
+
+def test_report_md_flags_a_busy_run_and_a_busy_plan_table(result, monkeypatch):
+    monkeypatch.setattr(bench_module, "physical_cores", lambda: 2)
+    machine = machine_load([_span(0, 2 * JUDGED_CELL_S, 1.7, 1.0, load=2.2)], threads=2, busy_cores=0.25)
+    plan = {"table": {"machine": {**machine, "others_cores": 1.9}}}
+    md = render_markdown(_report({**result, "machine": machine}, plan=plan))
+    latency = md[md.index("## Latency") :]
+    assert latency.index("Busy machine: other processes held 1.70 cores") < latency.index("| model |")
+    assert "not clean" in latency and "load average 2.20 before, 3.20 after" in latency
+    assert "plan's latency table was measured on a busy machine (other processes held 1.90 cores" in latency
+
+
+@contextlib.contextmanager
+def _burners(n: int):
+    """`n` processes spinning on the CPU until the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        for p in procs:  # each one really on a core before the timing starts
+            wait_until(lambda p=p: sum(psutil.Process(p.pid).cpu_times()[:2]) > 0.05)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_benchmark_while_other_processes_spin_on_every_core_is_reported_busy(models):
+    cfg = BenchSettings(
+        batch_sizes=(1,), seq_lens=(8,), warmup=1, min_runs=3, max_runs=10**6, max_seconds_per_cell=2 * JUDGED_CELL_S
+    )
+    with _burners(psutil.cpu_count()):
+        res = benchmark(models, VOCAB, cfg)
+    m = res["machine"]
+    assert m["busy"] and m["others_cores"] > m["allowed_cores"] and m["threads"] == physical_cores()
+    assert all(c["others_cores"] > m["allowed_cores"] for c in res["cells"])
+    md = render_markdown(_report(res))
+    assert f"Busy machine: other processes held {m['others_cores']:.2f} cores" in md and "not clean" in md
+
+
+def test_waiting_for_quiet_samples_the_machine_and_reports_what_others_still_hold():
+    assert wait_until_quiet(0, physical_cores(), 0.25) == 0.0  # no time to sample: nothing measured
+    with _burners(psutil.cpu_count()):
+        others = wait_until_quiet(2 * JUDGED_CELL_S, physical_cores(), 0.25, window_s=JUDGED_CELL_S / 2)
+    assert is_busy(others, physical_cores(), 0.25)  # still busy when the wait ran out
+
+
+# --- the structure line: the teacher's widths against the artifact's ---------------------------------------------
+
+
+def test_report_md_shows_the_teachers_widths_for_a_model_compressed_narrow(classifier_dirs, tmp_path):
+    """MLP Fusion narrows FFNs while compressing, so compaction's widths in and out are equal; report.md must
+    still say what the run did: the teacher's widths against the artifact's."""
+    from export.onnx import dense_graphs, export_optimized
+    from export.speed import measure_speed
+    from pipeline.compress.compaction import compact_
+    from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+    from pipeline.compress.methods.mlp_fusion.stage import fuse_
+    from pipeline.models.io import load_model, save_model
+
+    teacher = str(classifier_dirs["bert"])  # 2 layers, 2 heads, FFN 64
+    model = load_model(teacher)
+    fuse_(model, MlpFusionConfig(ratio=0.25, layers=[1]))
+    compaction = {**compact_(model), "max_abs_diff": 0.0}
+    assert compaction["ffn_widths_before"] == compaction["ffn_widths"] == [64, 16]
+    staging = tmp_path / "staging"
+    save_model(model, None, staging / "pytorch")
+    export_optimized(model, None, staging)
+    (staging / ".work").mkdir()
+    for name in ("dense.onnx", "dense.int8.onnx"):
+        shutil.copy2(dense_graphs(teacher, str(tmp_path / "cache"))[0] / name, staging / ".work" / name)
+    settings = BenchSettings(batch_sizes=(1,), seq_lens=(8,), warmup=0, min_runs=1, max_runs=2, threads=1)
+    speed = measure_speed(str(staging), teacher, settings)
+    md = render_markdown(_report(speed, compaction=compaction))
+    assert "FFN widths 64×2 (teacher) → 64, 16 (artifact); heads 2×2 → 2×2" in md
+    assert speed["shapes"]["dense"]["ffn"] == [64, 64] and speed["shapes"]["compressed"]["ffn"] == [64, 16]
+    assert ("Quiet machine" in md) != ("Busy machine" in md)  # a real run says which it was

@@ -1,5 +1,8 @@
 """A speed target: the latency table, the shape search on it, and the configuration it produces."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from pipeline.compress.shapes import (
@@ -80,10 +83,106 @@ def test_headroom_plans_above_the_target(target):
     assert aimed.predicted_speedup >= target * 1.05 and aimed.params <= exact.params
 
 
-def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(classifier_dirs, tmp_path):
+def _machine_says(monkeypatch, verdicts: list[bool]) -> list[bool]:
+    """Time the table's probes for real, but have the machine found busy or quiet as `verdicts` say, in turn
+    (the last one repeats); returns the verdicts handed out, one per timing."""
+    import export.latency_table as latency_table
+
+    real, handed = latency_table.benchmark, []
+
+    def timed(*args, **kwargs) -> dict:
+        result = real(*args, **kwargs)
+        busy = verdicts[min(len(handed), len(verdicts) - 1)]
+        handed.append(busy)
+        m = result.get("machine", {})
+        others = m.get("allowed_cores", 0.0) + 1 if busy else 0.0
+        return {**result, "machine": {**m, "busy": busy, "others_cores": others, "others_cores_worst_cell": others}}
+
+    monkeypatch.setattr(latency_table, "benchmark", timed)
+    return handed
+
+
+def _entries(cache: Path) -> list[Path]:
+    """Finished latency tables in a cache folder (hidden names are locks and builds under way)."""
+    folder = cache / "latency"
+    return [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
+
+
+# a tiny model's table on a 2 x 2 grid: the busy cases are about caching, not the grid
+QUICK = ["target.batch=2", "target.seq=16", "bench.max_runs=5", "target.heads_grid=[0.5,1]", "target.ffn_grid=[0.5,1]"]
+
+
+def test_a_latency_table_measured_on_a_busy_machine_is_refused_in_one_line_and_not_cached(
+    classifier_dirs, tmp_path, monkeypatch
+):
+    import export.latency_table as latency_table
+
+    waits = []
+    monkeypatch.setattr(latency_table, "wait_until_quiet", lambda seconds, *a, **k: waits.append(seconds) or 0.0)
+    teacher = str(classifier_dirs["bert"])
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", "target.busy_wait_s=7", *QUICK])
+    verdicts = [True]
+    handed = _machine_says(monkeypatch, verdicts)
+    with pytest.raises(PipelineError, match=r"machine was busy in all 3 attempts.*nothing was cached") as e:
+        latency_table.measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert "\n" not in str(e.value) and handed == [True] * cfg.target.busy_attempts
+    assert waits == [7.0] * (cfg.target.busy_attempts - 1)  # waited for quiet between attempts, not after the last
+    assert _entries(tmp_path) == []
+    verdicts[:], handed[:] = [False], []  # quiet now: measured (no busy table to hit), then cached
+    latency_table.measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert handed == [False] and len(_entries(tmp_path)) == 1
+
+
+def test_a_table_whose_machine_turns_quiet_is_measured_again_and_cached_clean(classifier_dirs, tmp_path, monkeypatch):
+    from export.latency_table import measure_table
+
+    teacher = str(classifier_dirs["bert"])
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", "target.busy_wait_s=0", *QUICK])
+    handed = _machine_says(monkeypatch, [True, False])
+    table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert handed == [True, False]
+    (entry,) = _entries(tmp_path)
+    stored = json.loads((entry / "table.json").read_text())
+    assert stored["machine"]["busy"] is False and stored["dense_fp32_ms"] == table.dense_fp32_ms
+    assert measure_table(teacher, cfg.target, cfg.bench, str(tmp_path)) == table and len(handed) == 2  # a hit
+
+
+def test_an_accepted_busy_table_is_used_once_and_never_cached(classifier_dirs, tmp_path, monkeypatch):
+    from export.latency_table import measure_table, table_record
+
+    teacher = str(classifier_dirs["bert"])
+    overrides = ["target.speedup=1.5", "target.busy_attempts=1", "target.accept_busy=true", *QUICK]
+    cfg = build_deploy_config("smp", "sst2", overrides=overrides)
+    handed = _machine_says(monkeypatch, [True])
+    record = table_record(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert record["machine"]["busy"] and record["cache"] == "not stored: busy" and record["dense_fp32_ms"] > 0
+    assert _entries(tmp_path) == []
+    measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
+    assert handed == [True, True]  # measured again: a busy table is never a cache hit
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("target.busy_attempts=0", "greater than or equal to 1"),
+        ("target.busy_wait_s=-1", "greater than or equal to 0"),
+        ("bench.busy_cores=-1", "greater than or equal to 0"),
+        ("target.accept_busy=maybe", "valid boolean"),
+    ],
+)
+def test_busy_settings_are_range_checked(override, problem):
+    key = override.split("=")[0]
+    with pytest.raises(PipelineError, match=rf"{key}: Input should be .*{problem}"):
+        build_deploy_config("smp", "sst2", overrides=[override])
+    ok = build_deploy_config("smp", "sst2", overrides=["target.busy_attempts=5", "bench.busy_cores=0.5"])
+    assert (ok.target.busy_attempts, ok.bench.busy_cores, ok.target.accept_busy) == (5, 0.5, False)
+
+
+def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(classifier_dirs, tmp_path, monkeypatch):
     """Real probes exported and timed in ONNX Runtime; the plan meets the target on the table it was given."""
     from export.latency_table import measure_table, plan_target
 
+    _machine_says(monkeypatch, [False])  # this test is about the table and the plan; the busy cases are above
     teacher = str(classifier_dirs["bert"])
     quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5"]
     cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *quick])
@@ -103,6 +202,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
         "smp", "sst2", overrides=[f"target.speedup={target}", f"target.headroom={headroom}", *quick]
     )
     plan = plan_target(cfg, teacher, str(tmp_path))
+    assert plan["table"]["machine"]["busy"] is False and plan["table"]["cache"] == "hit"
     s = plan["shape"]
     assert plan["planned_at"] == pytest.approx(target * (1 + headroom), rel=1e-3)
     assert table.dense_fp32_ms / table.predict_ms(s["layers"], s["heads"], s["ffn"]) >= target * (1 + headroom)
