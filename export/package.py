@@ -30,6 +30,7 @@ from pipeline import interrupts
 from pipeline.cache import file_digest
 from pipeline.data.tasks import TASK_KEY
 from pipeline.errors import PipelineError
+from pipeline.paths import check_writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,8 @@ VERSIONED = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxru
 
 
 def check_output_dir(output_dir: str | Path) -> Path:
-    """The folder that receives artifact folders; it may not exist yet, but must not be a file."""
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise PipelineError(f"output path {out} is a file, not a folder")
-    return out
+    """The folder that receives artifact folders: it may not exist yet, but must be a folder this run can write."""
+    return check_writable_dir(output_dir, "output folder")
 
 
 def artifact_name(task: str, method: str, salt: str) -> str:

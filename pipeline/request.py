@@ -19,7 +19,8 @@ from pipeline.config.schema import CustomTask, DeployConfig, validate
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
+from pipeline.models.folders import check_model_dir, default_model_path, is_classifier, max_positions
+from pipeline.paths import check_writable_dir
 
 
 def check_devices(devices: dict[str, str]) -> None:
@@ -57,6 +58,22 @@ def build_deploy_config(
     if cfg.target.speedup is not None:
         check_target_chain(cfg.method)
     return cfg
+
+
+def check_lengths(config: DeployConfig, chain: list, model_cfg: dict) -> None:
+    """Every token length the run will use (training, benchmark, plan) within the model's position embeddings:
+    a longer one would fail with a traceback after training, or index out of range natively."""
+    positions = max_positions(model_cfg)
+    if positions is None:
+        return
+    lengths = {"teacher.max_length": config.teacher.max_length, "target.seq": config.target.seq}
+    lengths.update({f"bench.seq_lens[{i}]": n for i, n in enumerate(config.bench.seq_lens)})
+    for m, method_cfg in chain:
+        section = "config" if len(chain) == 1 else f"config.{m.name}"
+        lengths[f"{section}.train.max_length"] = method_cfg.train.max_length
+    for key, n in lengths.items():
+        if n > positions:
+            raise PipelineError(f"{key}={n} exceeds the model's {positions} positions")
 
 
 class DeployRequest(BaseModel):
@@ -113,6 +130,7 @@ def prepare_request(
     config = build_deploy_config(method, task, recipe, overrides, custom)
     spec = task_spec(config.task, config.custom_task)
     check_output_dir(output_dir)
+    cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
     if teacher is not None:
@@ -131,13 +149,14 @@ def prepare_request(
         section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
+    check_lengths(config, chain, model_cfg)
     request = DeployRequest(
         config=config,
         model=model_dir,
         teacher=teacher,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
-        cache_dir=str(Path(cache_dir).resolve()) if cache_dir else str(default_cache_dir()),
+        cache_dir=str(cache.resolve()),
         data_source=resolve_source(spec, data_dir, hub),
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now

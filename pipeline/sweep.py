@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import FrozenModel, validate
 from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest, prepare_request
+
+# Each run is a whole deploy (minutes to hours): a file that expands past this is a mistake, and expanding it
+# first would exhaust memory (10^7 runs did).
+MAX_RUNS = 1000
 
 
 class SweepRun(FrozenModel):
@@ -63,6 +68,13 @@ class SweepSpec(FrozenModel):
         if not self.runs and self.grid is None:
             raise ValueError("a sweep needs `runs:` or `grid:`")
         return self
+
+    def size(self) -> int:
+        """How many runs the file expands to, counted without expanding it."""
+        grid = 0
+        if self.grid is not None:
+            grid = len(self.grid.method) * math.prod(len(values) for values in self.grid.set.values())
+        return len(self.runs) + grid
 
     def expanded(self) -> list[SweepRun]:
         runs = list(self.runs)
@@ -99,6 +111,11 @@ def load_sweep(
     if not path.is_file():
         raise PipelineError(f"sweep file {path} does not exist")
     spec = validate(SweepSpec, read_yaml_mapping(path, "sweep file"), f"sweep file {path}")
+    if spec.size() > MAX_RUNS:
+        raise PipelineError(
+            f"sweep file {path} expands to {spec.size():,} runs; at most {MAX_RUNS:,} (each run is a full deploy): "
+            "split it, or list fewer values"
+        )
     here = path.resolve().parent
 
     def rel(p: str | None) -> str | None:

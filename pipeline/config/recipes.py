@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from pipeline.errors import PipelineError
+from pipeline.paths import read_utf8
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 TEACHERS_DIR = RECIPES_DIR / "teacher"
@@ -51,7 +52,7 @@ def read_yaml_mapping(path: str | Path, what: str = "recipe") -> dict[str, Any]:
     if not path.is_file():
         raise PipelineError(f"{what} not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(read_utf8(path, what)) or {}
     except yaml.YAMLError as e:
         raise PipelineError(f"{what} {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):

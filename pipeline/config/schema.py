@@ -8,11 +8,18 @@ anywhere fails loudly instead of being ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import PipelineError
+
+# Sizes with a physical range, checked when a recipe is read: a batch of 0 crashed ONNX Runtime natively (SIGFPE)
+# after a whole training run. Sequence lengths are also held to the model's positions by the request.
+BatchSize = Annotated[int, Field(ge=1, le=4096)]
+SeqLen = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Depth = Annotated[int, Field(ge=1)]
 
 DATA_FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}  # a data file's format, from its extension
 
@@ -48,7 +55,7 @@ class TrainConfig(FrozenModel):
 
     max_steps: int = Field(300, ge=0)
     epochs: float = Field(3.0, gt=0)
-    batch_size: int = Field(32, ge=1)
+    batch_size: BatchSize = 32
     lr: float = Field(5e-5, gt=0)
     weight_decay: float = Field(0.01, ge=0)
     warmup_ratio: float = Field(0.06, ge=0, lt=1)
@@ -197,16 +204,19 @@ class BenchSettings(FrozenModel):
         max_seconds_per_cell: stop a cell once this wall time is spent (after min_runs).
         threads: intra-op threads; None means physical cores.
         providers: execution providers to run; None means CPU, plus CUDA when available.
+        busy_cores: the machine counts as busy when other processes held more than this many cores on average
+            while timing, beyond the physical cores the benchmark leaves idle (`export.benchmark.is_busy`).
     """
 
-    batch_sizes: tuple[int, ...] = (1, 8, 32)
-    seq_lens: tuple[int, ...] = (32, 128)
+    batch_sizes: tuple[BatchSize, ...] = Field((1, 8, 32), min_length=1)
+    seq_lens: tuple[SeqLen, ...] = Field((32, 128), min_length=1)
     warmup: int = Field(5, ge=0)
     min_runs: int = Field(10, ge=1)
     max_runs: int = Field(100, ge=1)
     max_seconds_per_cell: float = Field(6.0, gt=0)
     threads: int | None = Field(None, ge=1)
     providers: tuple[str, ...] | None = None
+    busy_cores: float = Field(0.25, ge=0, le=1024)
 
 
 class Gates(FrozenModel):
@@ -247,15 +257,22 @@ class TargetConfig(FrozenModel):
             ±5% run to run; without it a shape planned at 4.09x measured 3.87x to 4.23x).
         layers: depths the search may choose when the chain starts with distill (None: 1 to the teacher's).
         heads_grid, ffn_grid: fractions of the teacher's heads and FFN width the latency table measures.
+        busy_attempts: measurements of the latency table tried before giving up on a busy machine.
+        busy_wait_s: between two attempts, wait up to this long for the machine to become quiet.
+        accept_busy: plan on a table measured on a busy machine (after every attempt); it is recorded as busy in
+            the plan and never cached. Off: a busy machine stops the run in one line, with nothing cached.
     """
 
     speedup: float | None = Field(None, gt=1)
-    batch: int = Field(8, ge=1)
+    batch: BatchSize = 8
     seq: int = Field(128, ge=8)
     headroom: float = Field(0.05, ge=0, le=0.5)
-    layers: tuple[int, ...] | None = None
-    heads_grid: tuple[float, ...] = (1 / 12, 1 / 6, 1 / 3, 1 / 2, 2 / 3, 1.0)
-    ffn_grid: tuple[float, ...] = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0)
+    layers: tuple[Depth, ...] | None = Field(None, min_length=1)
+    heads_grid: tuple[Fraction, ...] = Field((1 / 12, 1 / 6, 1 / 3, 1 / 2, 2 / 3, 1.0), min_length=1)
+    ffn_grid: tuple[Fraction, ...] = Field((1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0), min_length=1)
+    busy_attempts: int = Field(3, ge=1, le=10)
+    busy_wait_s: float = Field(60.0, ge=0, le=3600)
+    accept_busy: bool = False
 
 
 class CustomTask(BaseModel):

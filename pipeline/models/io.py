@@ -65,7 +65,7 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
         return model
     try:
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            str(path), ignore_mismatched_sizes=True, output_loading_info=True, **labels
+            str(path), ignore_mismatched_sizes=True, output_loading_info=True, use_safetensors=True, **labels
         )
     except Exception as e:
         raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
@@ -90,8 +90,6 @@ def load_model(path: str | Path) -> PreTrainedModel:
     config = AutoConfig.from_pretrained(str(path))
     if not is_classifier(config):
         raise PipelineError(f"{path} holds no sequence classifier (architectures: {config.architectures})")
-    if not (path / "model.safetensors").is_file():  # legacy .bin: uniform shapes only, loaded by transformers
-        return AutoModelForSequenceClassification.from_pretrained(str(path)).eval()
     from safetensors.torch import load_file
 
     model = AutoModelForSequenceClassification.from_config(config)

@@ -9,7 +9,6 @@ training, ONNX export and our loader see an ordinary sequence classifier. The sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,7 @@ import torch
 
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError, one_line
-from pipeline.models.folders import check_model_dir, load_tokenizer, safetensors_header
+from pipeline.models.folders import WEIGHTS, check_model_dir, load_tokenizer, safetensors_header
 from pipeline.models.heads import BYTE_LEVEL_TYPES, HEAD_NAME, head_modules, install_verbalizer_
 
 if TYPE_CHECKING:
@@ -60,18 +59,9 @@ def label_word_ids(tokenizer: PreTrainedTokenizerBase, words: list[str], model_t
 
 
 def _weight_keys(model_dir: Path) -> set[str]:
-    """Parameter names in a folder's weights, without loading tensors (safetensors preferred, as transformers does)."""
-    st, index, pt = (model_dir / n for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
-    if st.is_file():
-        return set(safetensors_header(st))
-    if index.is_file():
-        return set(json.loads(index.read_text())["weight_map"])
-    if pt.is_file():
-        try:  # mmap reads the key table, not the tensors; pre-1.6 (non-zip) pickles cannot be mapped
-            return set(torch.load(pt, map_location="cpu", mmap=True, weights_only=True))
-        except RuntimeError:
-            return set(torch.load(pt, map_location="cpu", weights_only=True))
-    return set()
+    """Parameter names in a folder's weights, from the safetensors header alone (the only weights read)."""
+    st = model_dir / WEIGHTS
+    return set(safetensors_header(st)) if st.is_file() else set()
 
 
 def has_mlm_head(model_dir: str | Path) -> bool:
@@ -105,7 +95,7 @@ def build_verbalizer_classifier(
         raise PipelineError(f"task {task.name} needs {task.num_labels} label words ({task.labels}), got {words}")
     ids = label_word_ids(load_tokenizer(model_dir), words, config["model_type"])
     try:
-        mlm = AutoModelForMaskedLM.from_pretrained(str(model_dir)).eval()
+        mlm = AutoModelForMaskedLM.from_pretrained(str(model_dir), use_safetensors=True).eval()
     except Exception as e:
         raise PipelineError(f"cannot load the masked-LM model from {model_dir}: {one_line(e)}") from None
 
