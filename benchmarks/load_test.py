@@ -36,7 +36,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from serving.session import TASK_KEY  # noqa: E402  (ROOT is on the path first)
+from serving.artifact import CONFIG, TASK_KEY  # noqa: E402  (ROOT is on the path first)
 
 DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -58,7 +58,7 @@ def load_texts(path: Path, columns: list[str]) -> list[str | tuple[str, str]]:
 
 def artifact_columns(artifact: Path) -> list[str]:
     """The text column(s) the artifact's task block names (`sentence` for artifacts without one)."""
-    task = json.loads((artifact / "config.json").read_text()).get(TASK_KEY) or {}
+    task = json.loads((artifact / CONFIG).read_text()).get(TASK_KEY) or {}
     columns = task.get("text_columns") or ["sentence"]
     return columns if task.get("pair") else columns[:1]
 

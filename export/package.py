@@ -28,9 +28,9 @@ from pathlib import Path
 from export.report import render_markdown
 from pipeline import interrupts
 from pipeline.cache import file_digest
-from pipeline.data.tasks import TASK_KEY
 from pipeline.errors import PipelineError
 from pipeline.paths import check_writable_dir
+from serving.artifact import MANIFEST, REPORT_JSON, REPORT_MD, TASK_KEY, ArtifactError, sign
 
 log = logging.getLogger(__name__)
 
@@ -145,16 +145,17 @@ def published_name(staging: str | Path) -> str:
     return Path(staging).name.removeprefix(STAGING_PREFIX)
 
 
-def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Path:
-    """Write report and manifest, drop the work files, and rename the staging folder into place."""
+def publish(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key: str | None = None) -> Path:
+    """Write report and manifest (and, with `sign_key`, the signature over every file), drop the work files, and
+    rename the staging folder into place."""
     staging = Path(staging)
     final = staging.parent / published_name(staging)
     if final.exists():
         raise PipelineError(f"artifact {final} already exists")
     shutil.rmtree(staging / ".work", ignore_errors=True)
     report = {**report, "versions": versions(), "artifact": final.name}
-    (staging / "report.json").write_text(json.dumps(report, indent=2, default=str))
-    (staging / "report.md").write_text(render_markdown(report))
+    (staging / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str))
+    (staging / REPORT_MD).write_text(render_markdown(report))
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {
         "artifact": final.name,
@@ -166,7 +167,12 @@ def publish(staging: str | Path, report: dict, inputs: dict, config: dict) -> Pa
         "config": config,
         "task": _task_block(staging),
     }
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+    if sign_key is not None:
+        try:
+            sign(staging, sign_key)
+        except ArtifactError as e:
+            raise PipelineError(str(e)) from None
     interrupts.check()  # the last moment a stop signal can keep the artifact from appearing
     os.replace(staging, final)
     _release(staging)

@@ -19,6 +19,7 @@ from pipeline.errors import GateError, PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.train.metrics import predict_logits, scores
+from serving.artifact import CONFIG, GRAPHS, MANIFEST, REPORT_JSON, TOKENIZER, ArtifactError, verify
 
 log = logging.getLogger(__name__)
 
@@ -106,19 +107,29 @@ def validate(
 
 
 def evaluate_artifact(
-    artifact: Path, data_dir: str | None, split: str, max_examples: int | None = None, task_file: str | None = None
+    artifact: Path,
+    data_dir: str | None,
+    split: str,
+    max_examples: int | None = None,
+    task_file: str | None = None,
+    trust_key: str | None = None,
 ) -> dict:
     """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
     as the artifact was validated (its report's max_length). The validation split is carved with the run's own
     data settings (the manifest's config), so `--split validation` is the split its gates saw. A user's task
-    reads the files its definition names (the manifest's), or those of `task_file` (the same task, moved)."""
+    reads the files its definition names (the manifest's), or those of `task_file` (the same task, moved). The
+    artifact is checked as the server checks it: its files against the manifest, its signature with `trust_key`."""
     artifact = Path(artifact)
-    if not (artifact / "report.json").is_file() or not (artifact / "manifest.json").is_file():
-        raise PipelineError(f"{artifact} is not an artifact folder (no report.json and manifest.json)")
+    if not (artifact / REPORT_JSON).is_file() or not (artifact / MANIFEST).is_file():
+        raise PipelineError(f"{artifact} is not an artifact folder (no {REPORT_JSON} and {MANIFEST})")
+    try:
+        verify(artifact, (REPORT_JSON, CONFIG, TOKENIZER, *GRAPHS.values()), trust_key)
+    except ArtifactError as e:
+        raise PipelineError(f"refusing to evaluate: {e}") from None
     if split not in ("train", "validation", "dev"):
         raise PipelineError(f"unknown split {split!r}: train, validation or dev")
-    report = json.loads((artifact / "report.json").read_text())
-    config = json.loads((artifact / "manifest.json").read_text())["config"]
+    report = json.loads((artifact / REPORT_JSON).read_text())
+    config = json.loads((artifact / MANIFEST).read_text())["config"]
     limits = DataLimits.model_validate(config["data"])
     custom = config.get("custom_task")
     if task_file is not None:
@@ -130,7 +141,6 @@ def evaluate_artifact(
     ref = DataRef(task, source, str(Path(data_dir).resolve()) if data_dir else None, validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
-    graphs = {"onnx_fp32": "model.onnx", "onnx_int8": "model.int8.onnx"}
-    metrics = {name: scores(onnx_logits(artifact / f, enc), enc.labels) for name, f in graphs.items()}
+    metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc.labels) for p, f in GRAPHS.items()}
     return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(enc),
             "metric": task.metric, "metrics": metrics}  # fmt: skip

@@ -29,7 +29,7 @@ from pipeline import interrupts
 from pipeline.compress.registry import model_max_length
 from pipeline.config.schema import DeployConfig
 from pipeline.errors import PipelineError
-from pipeline.request import DeployRequest
+from pipeline.request import DeployRequest, checked_signing_key
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,8 @@ def publish(request: DeployRequest, run: Run, staging: Path) -> str:
     inputs = {"model": request.model, "teacher": run.teacher["path"], "data": run.data}
     if not run.plain:
         report_to_prefect({**report, "artifact": published_name(staging)})
-    return str(run.call(stage_tasks.publish, str(staging), report, inputs, run.config.model_dump(mode="json")))
+    config = run.config.model_dump(mode="json")
+    return str(run.call(stage_tasks.publish, str(staging), report, inputs, config, request.sign_key))
 
 
 def _staged(request: DeployRequest, run: Run, output_dir: str, fill: Callable[[Path], None]) -> str:
@@ -264,9 +265,12 @@ def run_step(folder: Path, command: str) -> dict:
     return run.reports[STEPS[i].report]
 
 
-def publish_work(folder: Path, output_dir: str | None) -> str:
-    """`pipeline package`: a work folder whose every step is done, published as an artifact."""
+def publish_work(folder: Path, output_dir: str | None, sign_key: str | None = None) -> str:
+    """`pipeline package`: a work folder whose every step is done, published as an artifact (signed with
+    `sign_key`, else with the key `pipeline compress` was given, if any)."""
     request, run = Run.load(folder)
+    if sign_key is not None:
+        request = request.model_copy(update={"sign_key": checked_signing_key(sign_key)})
     if STEPS[-1].report not in run.reports:
         raise PipelineError(f"{folder}: run `pipeline {STEPS[-1].command} {folder}` first")
 

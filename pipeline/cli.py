@@ -110,6 +110,10 @@ def deploy(
         ),
     ] = None,
     cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and compressed models.")] = None,
+    sign_key: Annotated[
+        str | None,
+        typer.Option(help="Sign the artifact (model.sig) with this elliptic-curve private key (PEM)."),
+    ] = None,
 ) -> None:
     """Compress a model for a task and write a validated, benchmarked ONNX artifact."""
     options = dict(locals())
@@ -262,12 +266,15 @@ def package_stage(
     output: Annotated[
         str | None, typer.Option(help="Folder that receives the artifact; default: compress's --output.")
     ] = None,
+    sign_key: Annotated[
+        str | None, typer.Option(help="Sign it with this elliptic-curve private key; default: compress's key.")
+    ] = None,
 ) -> None:
     """Stage 6 by hand: publish the work folder as an artifact (report, manifest) in one rename."""
     _setup_logging()
     from flows.deploy import publish_work
 
-    typer.echo(_guarded(lambda: publish_work(Path(work), output)))
+    typer.echo(_guarded(lambda: publish_work(Path(work), output, sign_key)))
 
 
 @app.command()
@@ -282,13 +289,18 @@ def evaluate(
     task_file: Annotated[
         str | None, typer.Option(help="A user's task: its task file, when its data moved since the run.")
     ] = None,
+    trust_key: Annotated[
+        str | None,
+        typer.Option(help="Refuse the artifact unless it is signed and its signature verifies with this public key."),
+    ] = None,
 ) -> None:
-    """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON."""
+    """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON. The artifact
+    must match its manifest, as for serving."""
 
     def run() -> dict:
         from export.validate import evaluate_artifact
 
-        return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file)
+        return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file, trust_key)
 
     typer.echo(json.dumps(_guarded(run), indent=2))
 

@@ -19,8 +19,9 @@ from pipeline.config.schema import CustomTask, DeployConfig, validate
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, default_model_path, is_classifier, max_positions
+from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
 from pipeline.paths import check_writable_dir
+from serving.artifact import ArtifactError, check_signing_key, max_positions
 
 
 def check_devices(devices: dict[str, str]) -> None:
@@ -76,6 +77,15 @@ def check_lengths(config: DeployConfig, chain: list, model_cfg: dict) -> None:
             raise PipelineError(f"{key}={n} exceeds the model's {positions} positions")
 
 
+def checked_signing_key(path: str) -> str:
+    """The signing key's absolute path, refused now (one line) if it is not an elliptic-curve private key."""
+    try:
+        check_signing_key(path)
+    except ArtifactError as e:
+        raise PipelineError(str(e)) from None
+    return str(Path(path).resolve())
+
+
 class DeployRequest(BaseModel):
     """Inputs of one deploy run (the Prefect flow's parameter)."""
 
@@ -88,6 +98,7 @@ class DeployRequest(BaseModel):
     output_dir: str = "artifacts"
     cache_dir: str
     data_source: str
+    sign_key: str | None = None  # an elliptic-curve private key (PEM): the artifact is signed with it
 
     @property
     def task(self) -> TaskSpec:
@@ -124,6 +135,7 @@ def prepare_request(
     cache_dir: str | None = None,
     recipe: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
+    sign_key: str | None = None,
 ) -> DeployRequest:
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
     task, custom = resolve_task(task, task_file)
@@ -150,6 +162,8 @@ def prepare_request(
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
     check_lengths(config, chain, model_cfg)
+    if sign_key is not None:
+        sign_key = checked_signing_key(sign_key)
     request = DeployRequest(
         config=config,
         model=model_dir,
@@ -158,6 +172,7 @@ def prepare_request(
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(cache.resolve()),
         data_source=resolve_source(spec, data_dir, hub),
+        sign_key=sign_key,
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request

@@ -1,6 +1,7 @@
 """Serving runtime: ONNX Runtime over an artifact folder, with the fast tokenizer and no torch.
 
 session.py     ArtifactSession: manifest check, Rust tokenizer, one ORT session (the reference predictions)
+bounded.py     BoundedTokenizer: only the part of a long text that max_length tokens can use is tokenised
 batcher.py     MicroBatcher: concurrent requests gathered into one model call on a single worker thread
 validation.py  request parsing; every malformed body becomes a 4xx RequestError naming the problem
 app.py         the HTTP layer (Starlette): /predict, Open Inference Protocol v2, health, /metrics

@@ -2,17 +2,21 @@
 
 Every handler runs through one wrapper that checks the API key, turns refusals into a JSON `{"error": ...}`
 with a 4xx/5xx status, and records the request in the metrics; nothing a client sends can stop the server.
-Texts go through the micro-batcher; the model runs on its single worker thread.
+A request's texts are tokenised on a pool of tokeniser threads, then go through the micro-batcher; the model
+runs on its single worker thread, which only pads and runs the graph: tokenising a large request holds up
+neither the event loop nor other requests' model calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from typing import Any, Protocol
 
@@ -40,16 +44,25 @@ from serving.validation import (
 
 log = logging.getLogger("serving")
 MODEL_VERSION = "1"
+# Threads that tokenise requests. Tokenising releases the GIL; a few threads keep a small request from waiting
+# for one while large ones are tokenised (their texts are bounded, so each takes milliseconds).
+TOKENIZER_THREADS = 4
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Model(Protocol):
-    """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples)."""
+    """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples).
+
+    `encode` tokenises one request's texts (one item per text) on a tokeniser thread; `run` computes the logits
+    of the items of one or more requests (one row per item) on the model thread.
+    """
 
     labels: list[str]
     pair: bool
 
-    def logits(self, texts: list[Text]) -> np.ndarray: ...
+    def encode(self, texts: list[Text]) -> list[Any]: ...
+
+    def run(self, encoded: list[Any]) -> np.ndarray: ...
 
 
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -111,13 +124,16 @@ class Service:
         self.pair = model.pair
         self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
-        self.batcher = MicroBatcher(model.logits, config.max_batch, config.max_wait_ms / 1000, config.max_queue)
+        self.batcher = MicroBatcher(model.run, config.max_batch, config.max_wait_ms / 1000, config.max_queue)
         self.metrics = Metrics(model_name, config.precision, lambda: self.batcher.queued)
         self.batcher.on_batch = self.metrics.observe_batch
         self._key = config.api_key.encode() if config.api_key else None
+        self._tokenizers: ThreadPoolExecutor | None = None
+        self._tokenizing = 0  # requests on the tokeniser threads: they count against max_queue too
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
+        self._tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
         await self.batcher.start()
         try:
             yield
@@ -125,6 +141,24 @@ class Service:
             if self.batcher.queued:
                 log.info("shutting down: finishing %d queued requests", self.batcher.queued)
             await self.batcher.stop()
+            self._tokenizers.shutdown(wait=True)
+
+    async def logits(self, texts: list[Text]) -> np.ndarray:
+        """Tokenise `texts` on a tokeniser thread, then queue them for the model; one row of logits per text.
+
+        Raises:
+            QueueFull: `max_queue` requests are already being tokenised or waiting for the model.
+            ShuttingDown: the server is stopping.
+        """
+        self.batcher.check_capacity(self._tokenizing)  # refuse before the work, not after it
+        self._tokenizing += 1
+        start = time.perf_counter()
+        try:
+            encoded = await asyncio.get_running_loop().run_in_executor(self._tokenizers, self.model.encode, texts)
+        finally:
+            self._tokenizing -= 1
+        self.metrics.observe_tokenization(time.perf_counter() - start)
+        return await self.batcher.submit(encoded)
 
     # -- the wrapper every route goes through -------------------------------------------------------------
     def endpoint(self, name: str, handler: Handler, auth: bool = True) -> Handler:
@@ -229,7 +263,7 @@ class Service:
     async def infer(self, request: Request) -> Response:
         self._check_model(request)
         req = parse_infer(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
-        logits = await self.batcher.submit(req.texts)
+        logits = await self.logits(req.texts)
         n, k = logits.shape
         tensors = {
             "label": ("BYTES", [n], lambda: [self.labels[i] for i in logits.argmax(-1)]),
@@ -247,7 +281,7 @@ class Service:
 
     async def predict(self, request: Request) -> Response:
         req = parse_predict(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
-        logits = await self.batcher.submit(req.texts)
+        logits = await self.logits(req.texts)
         result = top_labels(_scores(logits, req.function), self.labels, req.top_k)
         return json_response(result[0] if req.single else result)
 
@@ -294,5 +328,7 @@ def build_app(config: ServerConfig, model: Model, model_name: str) -> Starlette:
     app = Starlette(
         routes=routes, lifespan=s.lifespan, exception_handlers={HTTPException: s.http_error, Exception: s.server_error}
     )
+    # `/predict/` is a 404 like any unknown path, not a redirect to a Location built from the Host header
+    app.router.redirect_slashes = False
     app.state.service = s
     return app

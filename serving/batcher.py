@@ -1,24 +1,29 @@
 """Micro-batching: concurrent requests gathered into one model call on a single worker thread.
 
-One asyncio task collects waiting requests into a batch (up to `max_batch` texts, or until `max_wait_s` has
-passed since the first one arrived), hands it to a one-thread executor that tokenises it (padded to the longest
-text in the batch) and runs ONNX Runtime, and gives every request its rows back. While a batch runs, new
-requests queue up, so under load the next batch is taken at once without waiting. The queue is bounded:
-`submit` raises `QueueFull` instead of letting latency grow without limit.
+Requests arrive tokenised (the server tokenises on threads of its own), one item per text. One asyncio task
+collects waiting requests into a batch (up to `max_batch` items, or until `max_wait_s` has passed since the first
+one arrived), hands it to a one-thread executor that pads it to the longest item and runs ONNX Runtime, and gives
+every request its rows back. While a batch runs, new requests queue up, so under load the next batch is taken at
+once without waiting. The queue is bounded: `submit` raises `QueueFull` instead of letting latency grow without
+limit.
+
+Requests with the fewest items left go first, and a request with more than `max_batch` items runs one batch at a
+time, going back to the queue in between: a one-text request waits for at most the model call under way, not for
+every large request queued before it. So that a stream of small requests cannot hold a large one back for ever,
+a request that has seen `STARVING_BATCHES` full batches' worth of later requests' items run goes first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-
-from serving.validation import Text
 
 
 class QueueFull(Exception):
@@ -29,11 +34,29 @@ class ShuttingDown(Exception):
     """The server is stopping and takes no new requests."""
 
 
+# A request that has seen this many full batches' worth of later requests' items run before it goes first.
+STARVING_BATCHES = 4
+
+
 @dataclass
 class _Pending:
-    texts: list[Text]
+    """A request in the queue: its items, `done` of them run (their rows in `rows`), and how many items of
+    requests that arrived after it (`order`) ran while it waited (`overtaken`)."""
+
+    items: list[Any]
     future: asyncio.Future
-    queued_at: float = field(default_factory=time.perf_counter)
+    order: int
+    queued_at: float = field(default_factory=time.perf_counter)  # when it (re-)entered the queue
+    done: int = 0
+    rows: list[np.ndarray] = field(default_factory=list)
+    overtaken: int = 0
+
+    @property
+    def left(self) -> int:
+        return len(self.items) - self.done
+
+
+_Part = tuple[_Pending, int]  # a request and how many of its items (from `done` on) a batch runs
 
 
 @dataclass
@@ -47,11 +70,11 @@ class BatchStats:
 
 
 class MicroBatcher:
-    """Gather texts from concurrent callers into batched calls of `infer` (texts -> one row per text).
+    """Gather items (tokenised texts) from concurrent callers into batched calls of `infer` (one row per item).
 
     Args:
-        infer: the model call, run on the worker thread; gets at most `max_batch` texts.
-        max_batch: most texts per call. A single request with more texts is run alone, in chunks.
+        infer: the model call, run on the worker thread; gets at most `max_batch` items.
+        max_batch: most items per call. A request with more items runs `max_batch` at a time.
         max_wait_s: how long to wait for more requests after the first one of a batch arrived.
         max_queue: most requests waiting (not counting the batch being computed).
         on_batch: called on the event loop after every model call (metrics).
@@ -59,7 +82,7 @@ class MicroBatcher:
 
     def __init__(
         self,
-        infer: Callable[[list[Text]], np.ndarray],
+        infer: Callable[[list[Any]], np.ndarray],
         max_batch: int = 32,
         max_wait_s: float = 0.005,
         max_queue: int = 256,
@@ -70,7 +93,8 @@ class MicroBatcher:
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
         self.on_batch = on_batch
-        self._waiting: deque[_Pending] = deque()
+        self._waiting: list[_Pending] = []
+        self._order = itertools.count()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -99,18 +123,27 @@ class MicroBatcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def submit(self, texts: list[Text]) -> np.ndarray:
-        """Queue `texts` and wait for their rows.
+    def check_capacity(self, coming: int = 0) -> None:
+        """Raise if a request would be refused now, `coming` requests being on their way to `submit` (tokenised).
+
+        Raises:
+            QueueFull: `max_queue` requests are already waiting (or coming).
+            ShuttingDown: the batcher is stopping (or never started).
+        """
+        if not self.running:
+            raise ShuttingDown("the server is shutting down")
+        if len(self._waiting) + coming >= self.max_queue:
+            raise QueueFull(f"the request queue is full ({self.max_queue} requests waiting); retry later")
+
+    async def submit(self, items: list[Any]) -> np.ndarray:
+        """Queue `items` and wait for their rows.
 
         Raises:
             QueueFull: `max_queue` requests are already waiting.
             ShuttingDown: the batcher is stopping (or never started).
         """
-        if not self.running:
-            raise ShuttingDown("the server is shutting down")
-        if len(self._waiting) >= self.max_queue:
-            raise QueueFull(f"the request queue is full ({self.max_queue} requests waiting); retry later")
-        pending = _Pending(texts, asyncio.get_running_loop().create_future())
+        self.check_capacity()
+        pending = _Pending(items, asyncio.get_running_loop().create_future(), next(self._order))
         self._waiting.append(pending)
         self._wakeup.set()
         return await pending.future
@@ -134,46 +167,67 @@ class MicroBatcher:
                 await self._wakeup.wait()
             # Fill the batch with what is queued, then wait (up to max_wait_s after the first arrival) for more.
             first_at = loop.time()
-            batch = [self._waiting.popleft()]
-            size = len(batch[0].texts)
+            batch = [self._first()]
+            size = batch[0][1]
             while size < self.max_batch:
                 if self._waiting:
-                    if size + len(self._waiting[0].texts) > self.max_batch:
-                        break  # it starts the next batch
-                    batch.append(self._waiting.popleft())
-                    size += len(batch[-1].texts)
+                    fits = [p for p in self._waiting if p.left <= self.max_batch - size]
+                    if not fits:
+                        break  # the rest start the next batches
+                    smallest = min(fits, key=_smallest)
+                    self._waiting.remove(smallest)
+                    batch.append((smallest, smallest.left))
+                    size += smallest.left
                     continue
                 remaining = first_at + self.max_wait_s - loop.time()
                 if self._closing or remaining <= 0 or not await self._wait_for_more(remaining):
                     break
+            self._count_overtaking(batch)
             await self._run(loop, batch)
 
-    def _infer_chunks(self, texts: list[Text]) -> np.ndarray:
-        if len(texts) <= self.max_batch:
-            return self.infer(texts)
-        return np.concatenate(
-            [self.infer(texts[i : i + self.max_batch]) for i in range(0, len(texts), self.max_batch)]
-        )
+    def _first(self) -> _Part:
+        """The request a batch starts with (the one with the fewest items left, unless one is starving) and how many
+        of its items the batch runs."""
+        oldest = min(self._waiting, key=lambda p: p.order)
+        starving = oldest.overtaken >= STARVING_BATCHES * self.max_batch
+        first = oldest if starving else min(self._waiting, key=_smallest)
+        self._waiting.remove(first)
+        return first, min(first.left, self.max_batch)
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
-        texts = [t for p in batch for t in p.texts]
+    def _count_overtaking(self, batch: list[_Part]) -> None:
+        for waiting in self._waiting:
+            waiting.overtaken += sum(n for p, n in batch if p.order > waiting.order)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Part]) -> None:
+        items = [item for p, n in batch for item in p.items[p.done : p.done + n]]
         start = time.perf_counter()
-        waited = start - batch[0].queued_at
+        waited = start - min(p.queued_at for p, _ in batch)
         try:
-            rows = await loop.run_in_executor(self._executor, self._infer_chunks, texts)
+            rows = await loop.run_in_executor(self._executor, self.infer, items)
         except Exception as e:
             if len(batch) > 1:  # one bad request must not fail the others it was batched with: one by one
-                for p in batch:
-                    await self._run(loop, [p])
+                for part in batch:
+                    await self._run(loop, [part])
                 return
-            if not batch[0].future.done():
-                batch[0].future.set_exception(e)
+            if not batch[0][0].future.done():
+                batch[0][0].future.set_exception(e)
             return
         seconds = time.perf_counter() - start
         offset = 0
-        for p in batch:
-            if not p.future.done():  # done: the caller went away (cancelled)
-                p.future.set_result(rows[offset : offset + len(p.texts)])
-            offset += len(p.texts)
+        for p, n in batch:
+            p.rows.append(rows[offset : offset + n])
+            p.done += n
+            offset += n
+            if p.future.done():  # the caller went away (cancelled): its other items are not run
+                continue
+            if p.left:  # the next batch of a large request queues again, behind smaller ones
+                p.queued_at = time.perf_counter()
+                self._waiting.append(p)
+            else:
+                p.future.set_result(np.concatenate(p.rows) if len(p.rows) > 1 else p.rows[0])
         if self.on_batch is not None:
-            self.on_batch(BatchStats(texts=len(texts), requests=len(batch), seconds=seconds, waited=waited))
+            self.on_batch(BatchStats(texts=len(items), requests=len(batch), seconds=seconds, waited=waited))
+
+
+def _smallest(pending: _Pending) -> tuple[int, int]:
+    return pending.left, pending.order

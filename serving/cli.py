@@ -60,6 +60,11 @@ def parser(prog: str = "python -m serving") -> argparse.ArgumentParser:
         help="seconds in-flight requests get to finish on SIGTERM (%(default)s)",
     )
     p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument(
+        "--trust-key",
+        default=None,
+        help="a public key (PEM): refuse the artifact unless its signature (model.sig) verifies with it",
+    )
     return p
 
 
@@ -81,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_length=args.max_length,
         graceful_timeout_s=args.graceful_timeout,
         access_log=args.access_log,
+        trust_key=args.trust_key,
     )
 
 

@@ -35,10 +35,13 @@ class ServerConfig:
         port: TCP port (0: any free port, printed at start-up).
         precision: "fp32" (model.onnx) or "int8" (model.int8.onnx).
         model_name: the name in the Open Inference Protocol URLs; default: the artifact's name.
-        api_key: when set, every endpoint except health needs `Authorization: Bearer KEY` or `X-API-Key: KEY`.
+        api_key: when set, every endpoint except health needs `Authorization: Bearer KEY` or `X-API-Key: KEY`
+            ("": none). A key that is blank or starts or ends with whitespace is refused: HTTP strips that from
+            header values, so no request could ever match it.
         max_batch: most texts in one ONNX Runtime call.
         max_wait_ms: how long the batcher waits for more requests once one arrived and the batch is not full.
-        max_queue: most requests waiting for the model (beyond the batch being computed); more get a 503.
+        max_queue: most requests being tokenised or waiting for the model (beyond the batch being computed); more
+            get a 503.
         threads: ONNX Runtime intra-op threads; default: the cores available to the process.
         max_body_bytes: larger request bodies get a 413; at most 1 MiB past the limit is read (and dropped) first.
         max_items: most texts in one request.
@@ -46,6 +49,7 @@ class ServerConfig:
         max_length: tokens per text; longer tokenised texts are truncated to it, keeping the start.
         graceful_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may take to finish.
         access_log: log one line per request (off by default: it costs throughput).
+        trust_key: a public key (PEM): serve the artifact only if its signature (model.sig) verifies with it.
     """
 
     artifact: Path
@@ -64,6 +68,7 @@ class ServerConfig:
     max_length: int = 128
     graceful_timeout_s: float = 30.0
     access_log: bool = False
+    trust_key: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
@@ -74,12 +79,23 @@ class ServerConfig:
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_items", "max_text_chars", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
-        if self.max_wait_ms < 0 or self.graceful_timeout_s < 0:
-            raise ValueError("max-wait-ms and graceful-timeout must not be negative")
+        # inf would keep a lone request waiting for a batch that never fills; nan compares false with everything
+        for name, value in (("max-wait-ms", self.max_wait_ms), ("graceful-timeout", self.graceful_timeout_s)):
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number, 0 or more, not {value}")
+        if self.trust_key is not None:
+            object.__setattr__(self, "trust_key", Path(self.trust_key))
+            if not self.trust_key.is_file():
+                raise ValueError(f"trust-key {self.trust_key} is not a file")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be at least 1, not {self.threads}")
         if self.api_key == "":
             object.__setattr__(self, "api_key", None)
+        elif self.api_key is not None and self.api_key != self.api_key.strip():  # " " included
+            raise ValueError(
+                "api-key must not be blank or start or end with whitespace (HTTP strips it from header values, "
+                "so no request could match)"
+            )
 
     @property
     def intra_op_threads(self) -> int:

@@ -58,7 +58,13 @@ class Metrics:
         )
         self.inference = Histogram(
             "serving_inference_duration_seconds",
-            "Seconds per ONNX Runtime call, tokenisation included.",
+            "Seconds per ONNX Runtime call (tokenisation is not included: see serving_tokenization_duration_seconds).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokenization = Histogram(
+            "serving_tokenization_duration_seconds",
+            "Seconds per request to tokenise its texts, waiting for a tokeniser thread included.",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -79,6 +85,9 @@ class Metrics:
         self.latency.labels(endpoint).observe(seconds)
         if reason is not None:
             self.errors.labels(endpoint, reason).inc()
+
+    def observe_tokenization(self, seconds: float) -> None:
+        self.tokenization.observe(seconds)
 
     def observe_batch(self, stats: BatchStats) -> None:
         self.batch_size.observe(stats.texts)

@@ -15,8 +15,9 @@ import socket
 import sys
 import threading
 
+from serving.artifact import MANIFEST, ArtifactError
 from serving.config import ServerConfig
-from serving.session import ArtifactError, ArtifactSession
+from serving.session import ArtifactSession
 
 log = logging.getLogger("serving")
 
@@ -29,13 +30,14 @@ def model_name(config: ServerConfig) -> str:
     if config.model_name:
         return config.model_name
     try:
-        return json.loads((config.artifact / "manifest.json").read_text())["artifact"]
+        return json.loads((config.artifact / MANIFEST).read_text())["artifact"]
     except (OSError, ValueError, KeyError, TypeError):
         return config.artifact.resolve().name
 
 
 def load_model(config: ServerConfig) -> ArtifactSession:
-    """The artifact's session (integrity-checked against manifest.json), warmed up with one call."""
+    """The artifact's session (checked against manifest.json, and its signature with a trusted key), warmed up
+    with one call."""
     if not config.artifact.is_dir():
         raise StartupError(f"artifact folder not found: {config.artifact}")
     try:
@@ -45,6 +47,7 @@ def load_model(config: ServerConfig) -> ArtifactSession:
             threads=config.intra_op_threads,
             max_length=config.max_length,
             spinning=False,
+            trust_key=config.trust_key,
         )
     except ArtifactError as e:
         raise StartupError(f"refusing to serve: {e}") from None
@@ -58,7 +61,9 @@ def load_model(config: ServerConfig) -> ArtifactSession:
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto is IPPROTO_TCP, and with it on,
+    # a keep-alive client's next response (headers and body are two writes) waits ~40 ms for a delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -82,8 +87,9 @@ def _setup_logging() -> None:
 def serve(config: ServerConfig) -> int:
     """Run the server until it is stopped; returns the exit code."""
     _setup_logging()
-    # The tokenizer's thread pool (rayon) would otherwise size itself to every CPU on the host, not the quota.
-    os.environ.setdefault("RAYON_NUM_THREADS", str(config.intra_op_threads))
+    # Each request is tokenised on a tokeniser thread of the app's. The tokenizer's own thread pool (rayon) would
+    # queue a one-text request's tokenisation behind a large request's (and size itself to every CPU on the host).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import uvicorn
 
     from serving.app import build_app

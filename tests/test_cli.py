@@ -234,7 +234,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     } <= names
     assert not (artifact / ".work").exists()
 
-    from serving.session import check_integrity
+    from serving.artifact import check_integrity
 
     check_integrity(artifact)  # raises ArtifactError naming any file that differs from manifest.json
     report = json.loads((artifact / "report.json").read_text())
@@ -260,7 +260,8 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     from export.parity import onnx_logits
     from pipeline.data.encoding import encode
     from pipeline.data.loaders import load_task_data
-    from serving.session import ArtifactError, ArtifactSession
+    from serving.artifact import ArtifactError
+    from serving.session import ArtifactSession
 
     dev = load_task_data("sst2", source="sample", max_dev=48).dev
     reference = onnx_logits(artifact / "model.onnx", encode(tokenizer, dev, 128))

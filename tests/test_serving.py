@@ -129,6 +129,7 @@ def test_metrics(server, client):
     assert m[("serving_errors_total", ("endpoint", "predict"), ("reason", "bad_json"))] >= 1
     assert m[("serving_request_duration_seconds_count", ("endpoint", "predict"))] >= 2
     assert m[("serving_batch_size_count",)] >= 1 and m[("serving_inference_duration_seconds_count",)] >= 1
+    assert m[("serving_tokenization_duration_seconds_count",)] >= 1
     assert ("serving_queue_depth",) in m
     assert m[("serving_model_info", ("model", "sst2-tiny-serving"), ("precision", "fp32"))] == 1
 
@@ -442,11 +443,27 @@ def test_clean_venv_install_serves(artifact, tmp_path):
     for missing in ("torch", "transformers", "prefect", "fastapi"):
         probe = subprocess.run([str(py), "-c", f"import {missing}"], capture_output=True, cwd=app)
         assert probe.returncode != 0, f"{missing} is installed in the serving venv"
-    log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    _serve_in(py, app, artifact, tmp_path / "server.log", env)
+    # a signed artifact serves with its trusted key there too; the wrong key is refused in one line
+    from serving.artifact import sign
+    from tests.helpers import write_keys
+
+    signed = shutil.copytree(artifact, tmp_path / "signed")
+    private, public = write_keys(tmp_path, "mine")
+    sign(signed, private)
+    _serve_in(py, app, signed, tmp_path / "signed.log", env, "--trust-key", str(public))
+    _, other = write_keys(tmp_path, "other")
+    refused = subprocess.run([str(py), "-m", "serving", str(signed), "--port", "0", "--trust-key", str(other)],
+                             cwd=app, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 2 and refused.stderr.startswith("error: refusing to serve"), refused.stderr
+
+
+def _serve_in(py: Path, app: Path, artifact: Path, log: Path, env: dict, *extra: str) -> None:
+    """`python -m serving` from `py`'s venv: it answers ready and /predict, then stops cleanly on SIGTERM."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(py), "-m", "serving", str(artifact), "--port", "0"],
+            [str(py), "-m", "serving", str(artifact), "--port", "0", *extra],
             cwd=app,
             stderr=out,
             stdout=subprocess.DEVNULL,

@@ -68,7 +68,7 @@ def test_the_session_tokenises_pairs_as_the_pipeline(pair_artifact, pair_session
     from pipeline.data.encoding import encode
     from pipeline.data.loaders import Split
     from pipeline.models.folders import load_tokenizer
-    from serving.session import ArtifactError
+    from serving.artifact import ArtifactError
 
     assert pair_session.pair and pair_session.labels == ["entailment", "not_entailment"]
     reference = encode(load_tokenizer(pair_artifact), Split(PAIRS, [0] * len(PAIRS)), 128).features

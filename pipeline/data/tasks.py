@@ -14,8 +14,6 @@ from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, validate
 from pipeline.errors import PipelineError
 
-TASK_KEY = "encoder_deploy_task"  # the task block in an artifact's config.json (serving/session.py reads it)
-
 
 @dataclass(frozen=True)
 class TaskSpec:

