@@ -51,7 +51,8 @@ def armed():
     interrupts.disarm()
 
 
-DROPPED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped raise, on purpose
+# the raise that Python drops in __del__ is reported as a warning: here it is the point of the test
+DROPPED = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 @DROPPED

@@ -1,0 +1,92 @@
+"""Interrupt `pipeline deploy` at random moments and check that it never publishes: exit 130, no artifact, no staging
+folder, every time.
+
+    python benchmarks/interrupt_loop.py --runs 20 [--signal INT|TERM] [--seed 0] [-- DEPLOY OPTIONS]
+
+A first, uninterrupted run of the same deploy (its teacher and compressed model then come from the cache, as a
+re-run's would) measures how long the deploy takes; each later run gets the signal at a moment drawn uniformly
+from that duration. It prints one line per run (the moment, the last stage the log had reached, the exit code,
+what the output folder holds) and exits 1 if any run published or exited otherwise. A run that finished before
+its signal arrived is counted apart, not as a pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TINY = ["--method", "mlp_fusion", "--task", "sst2", "--teacher-steps", "4", "--steps", "3", "--max-train", "64",
+        "--max-dev", "16", "--set", "config.tune_steps=2", "--set", "gates.int8_max_drop=100",
+        "--set", "gates.max_metric_drop=100", "--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]",
+        "--bench-runs", "2", "--set", "bench.min_runs=1", "--set", "bench.warmup=0"]  # fmt: skip
+STAGE = re.compile(r"Task run '([a-z_]+)-[0-9a-f]+' - Finished")
+
+
+def run_once(args: list[str], out: Path, env: dict, log: Path, delay: float | None, sig: int) -> dict:
+    start = time.monotonic()
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "deploy", *args, "--output", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)  # fmt: skip
+        if delay is not None:
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(sig)
+        code = proc.wait(timeout=600)
+    finished = STAGE.findall(log.read_text())
+    return {
+        "seconds": time.monotonic() - start,
+        "code": code,
+        "after": finished[-1] if finished else "start",
+        "left": sorted(p.name for p in out.iterdir()) if out.exists() else [],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--signal", choices=("INT", "TERM"), default="INT")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("deploy", nargs="*", help="deploy options after --; default: a tiny deploy of the embedded model")
+    opts = p.parse_args()
+    sig = getattr(signal, f"SIG{opts.signal}")
+    args = opts.deploy or TINY
+    rng = random.Random(opts.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        env = {**os.environ, "PIPELINE_CACHE_DIR": str(root / "cache"), "PREFECT_HOME": str(root / "prefect")}
+        first = run_once(args, root / "out-0", env, root / "run-0.log", None, sig)
+        if first["code"] != 0:
+            print((root / "run-0.log").read_text()[-3000:], file=sys.stderr)
+            return 2
+        duration = first["seconds"]
+        print(f"uninterrupted run: {duration:.1f} s; signal SIG{opts.signal} at a uniform moment in that time")
+        failures = late = 0
+        for i in range(1, opts.runs + 1):
+            delay = rng.uniform(0, duration)
+            r = run_once(args, root / f"out-{i}", env, root / f"run-{i}.log", delay, sig)
+            if r["code"] == 0 and r["seconds"] < delay:
+                late += 1
+                verdict = "finished before the signal"
+            else:
+                ok = r["code"] == 128 + sig and r["left"] == []
+                failures += not ok
+                verdict = "ok" if ok else "FAILED"
+            print(f"run {i:2d}: signal at {delay:5.1f} s after {r['after']:<9} exit {r['code']:3d}  "
+                  f"left {r['left'] or 'nothing'}  {verdict}")  # fmt: skip
+        stopped = opts.runs - late
+        print(f"{stopped - failures} of {stopped} interrupted runs stopped with exit {128 + sig} and published nothing"
+              f"; {late} finished before their signal")  # fmt: skip
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
