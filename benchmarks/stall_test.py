@@ -54,6 +54,7 @@ def start_server(args: argparse.Namespace, body_bytes: int, log: Path) -> tuple[
     once it listens."""
     cmd = [sys.executable, "-m", "serving", str(args.artifact), "--host", "127.0.0.1", "--port", "0",
            "--precision", args.precision, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
+           "--max-batch-tokens", str(args.max_batch_tokens),
            "--max-items", str(args.items), "--max-text-chars", str(args.chars),
            "--max-body-bytes", str(max(1 << 20, body_bytes))]  # fmt: skip
     if args.threads:
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: available cores)")
     p.add_argument("--max-batch", type=int, default=32, help="the server's max batch (%(default)s)")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=256, help="the server's token budget per call (%(default)s)"
+    )
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="the server's max wait (%(default)s)")
     p.add_argument("--clients", type=int, default=10, help="connections sending large requests (%(default)s)")
     p.add_argument("--items", type=int, default=64, help="texts per large request (%(default)s)")

@@ -54,13 +54,16 @@ class Model(Protocol):
     """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples).
 
     `encode` tokenises one request's texts (one item per text) on a tokeniser thread; `run` computes the logits
-    of the items of one or more requests (one row per item) on the model thread.
+    of the items of one or more requests (one row per item) on the model thread; `tokens` is an item's length,
+    which the batcher's token budget counts.
     """
 
     labels: list[str]
     pair: bool
 
     def encode(self, texts: list[Text]) -> list[Any]: ...
+
+    def tokens(self, item: Any) -> int: ...
 
     def run(self, encoded: list[Any]) -> np.ndarray: ...
 
@@ -124,7 +127,14 @@ class Service:
         self.pair = model.pair
         self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
-        self.batcher = MicroBatcher(model.run, config.max_batch, config.max_wait_ms / 1000, config.max_queue)
+        self.batcher = MicroBatcher(
+            model.run,
+            config.max_batch,
+            config.max_wait_ms / 1000,
+            config.max_queue,
+            max_tokens=config.max_batch_tokens,
+            tokens=model.tokens,
+        )
         self.metrics = Metrics(model_name, config.precision, lambda: self.batcher.queued)
         self.batcher.on_batch = self.metrics.observe_batch
         self._key = config.api_key.encode() if config.api_key else None

@@ -9,7 +9,9 @@ limit.
 
 Requests with the fewest items left go first, and a request with more than `max_batch` items runs one batch at a
 time, going back to the queue in between: a one-text request waits for at most the model call under way, not for
-every large request queued before it. So that a stream of small requests cannot hold a large one back for ever,
+every large request queued before it. That call is bounded too: a batch holds at most `max_tokens` padded tokens
+(items times the longest item), so long texts run a few at a time and the wait for the call under way stays short.
+So that a stream of small requests cannot hold a large one back for ever,
 a request that has seen `STARVING_BATCHES` full batches' worth of later requests' items run goes first.
 """
 
@@ -78,6 +80,8 @@ class MicroBatcher:
         max_wait_s: how long to wait for more requests after the first one of a batch arrived.
         max_queue: most requests waiting (not counting the batch being computed).
         on_batch: called on the event loop after every model call (metrics).
+        max_tokens: most padded tokens per call (items times the longest item's `tokens`); at least one item runs.
+        tokens: an item's length in tokens (default: every item counts as one).
     """
 
     def __init__(
@@ -87,8 +91,12 @@ class MicroBatcher:
         max_wait_s: float = 0.005,
         max_queue: int = 256,
         on_batch: Callable[[BatchStats], None] | None = None,
+        max_tokens: int | None = None,
+        tokens: Callable[[Any], int] = lambda item: 1,
     ) -> None:
         self.infer = infer
+        self.max_tokens = max_tokens
+        self.tokens = tokens
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
@@ -168,16 +176,16 @@ class MicroBatcher:
             # Fill the batch with what is queued, then wait (up to max_wait_s after the first arrival) for more.
             first_at = loop.time()
             batch = [self._first()]
-            size = batch[0][1]
+            size, width = batch[0][1], self._width(*batch[0])
             while size < self.max_batch:
                 if self._waiting:
-                    fits = [p for p in self._waiting if p.left <= self.max_batch - size]
+                    fits = [p for p in self._waiting if p.left <= self.max_batch - size and self._fits(p, size, width)]
                     if not fits:
                         break  # the rest start the next batches
                     smallest = min(fits, key=_smallest)
                     self._waiting.remove(smallest)
                     batch.append((smallest, smallest.left))
-                    size += smallest.left
+                    size, width = size + smallest.left, max(width, self._width(smallest, smallest.left))
                     continue
                 remaining = first_at + self.max_wait_s - loop.time()
                 if self._closing or remaining <= 0 or not await self._wait_for_more(remaining):
@@ -192,7 +200,21 @@ class MicroBatcher:
         starving = oldest.overtaken >= STARVING_BATCHES * self.max_batch
         first = oldest if starving else min(self._waiting, key=_smallest)
         self._waiting.remove(first)
-        return first, min(first.left, self.max_batch)
+        n = min(first.left, self.max_batch)
+        while n > 1 and not self._within_budget(n, self._width(first, n)):
+            n -= 1
+        return first, n
+
+    def _width(self, pending: _Pending, n: int) -> int:
+        """The longest of the next `n` items of `pending`, in tokens."""
+        return max((self.tokens(item) for item in pending.items[pending.done : pending.done + n]), default=0)
+
+    def _within_budget(self, items: int, width: int) -> bool:
+        return self.max_tokens is None or items * width <= self.max_tokens
+
+    def _fits(self, pending: _Pending, size: int, width: int) -> bool:
+        """Whether all of `pending`'s items join a batch of `size` items padded to `width` within the token budget."""
+        return self._within_budget(size + pending.left, max(width, self._width(pending, pending.left)))
 
     def _count_overtaking(self, batch: list[_Part]) -> None:
         for waiting in self._waiting:

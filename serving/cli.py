@@ -30,6 +30,12 @@ def parser(prog: str = "python -m serving") -> argparse.ArgumentParser:
     )
     p.add_argument("--max-batch", type=int, default=d.max_batch, help="most texts per model call (%(default)s)")
     p.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=d.max_batch_tokens,
+        help="most padded tokens per model call, texts x longest (%(default)s)",
+    )
+    p.add_argument(
         "--max-wait-ms",
         type=float,
         default=d.max_wait_ms,
@@ -77,6 +83,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model_name=args.model_name,
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
         max_batch=args.max_batch,
+        max_batch_tokens=args.max_batch_tokens,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
         threads=args.threads,

@@ -39,6 +39,8 @@ class ServerConfig:
             ("": none). A key that is blank or starts or ends with whitespace is refused: HTTP strips that from
             header values, so no request could ever match it.
         max_batch: most texts in one ONNX Runtime call.
+        max_batch_tokens: most padded tokens in one call (texts times the longest): long texts run a few at a
+            time, so a request that arrives during a call waits for a short one (at least one text always runs).
         max_wait_ms: how long the batcher waits for more requests once one arrived and the batch is not full.
         max_queue: most requests being tokenised or waiting for the model (beyond the batch being computed); more
             get a 503.
@@ -59,6 +61,7 @@ class ServerConfig:
     model_name: str | None = None
     api_key: str | None = None
     max_batch: int = 32
+    max_batch_tokens: int = 256
     max_wait_ms: float = 5.0
     max_queue: int = 256
     threads: int | None = None
@@ -76,7 +79,8 @@ class ServerConfig:
             raise ValueError(f"precision must be fp32 or int8, not {self.precision!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
-        for name in ("max_batch", "max_queue", "max_body_bytes", "max_items", "max_text_chars", "max_length"):
+        for name in ("max_batch", "max_batch_tokens", "max_queue", "max_body_bytes", "max_items", "max_text_chars",
+                     "max_length"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         # inf would keep a lone request waiting for a batch that never fills; nan compares false with everything

@@ -83,6 +83,11 @@ class ArtifactSession:
             raise ArtifactError(f"{self.path} reads {'sentence pairs' if self.pair else 'single texts'}: pass {want}")
         return self.encoder.encode_batch(texts)
 
+    @staticmethod
+    def tokens(encoded: Encoding) -> int:
+        """An encoded item's length in tokens (what it costs a model call once padded)."""
+        return len(encoded.ids)
+
     def run(self, encoded: list[Encoding]) -> np.ndarray:
         """Logits, one row per encoding: the encodings (of one or more `encode` calls) padded to the longest."""
         width = max(1, max((len(e.ids) for e in encoded), default=0))

@@ -269,6 +269,9 @@ class GatedModel:
     def encode(self, texts):
         return list(zip(texts, self.session.encode(texts), strict=True))  # the text kept, for "boom"
 
+    def tokens(self, item) -> int:
+        return self.session.tokens(item[1])
+
     def run(self, encoded):
         self.calls.append(len(encoded))
         self.entered.set()

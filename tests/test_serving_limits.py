@@ -257,6 +257,9 @@ class SlowTokenizing:
             assert self.release.wait(60)
         return self.session.encode(texts)
 
+    def tokens(self, item):
+        return self.session.tokens(item)
+
     def run(self, encoded):
         return self.session.run(encoded)
 
@@ -410,3 +413,25 @@ def test_a_trailing_slash_is_a_404_not_a_redirect(artifact, session, client):
             json_error(response, 404, f"no such endpoint: {method} {path}")
             assert "location" not in response.headers
         assert client.post(f"{srv.url}/predict", json={"inputs": "a"}).status_code == 200
+
+
+def test_a_model_call_holds_at_most_the_token_budget_of_padded_tokens(artifact, session):
+    """Long texts run a few at a time (a request arriving meanwhile waits for a short call), short ones many at a
+    time, and a text longer than the whole budget still runs, alone."""
+    model = _Ordered(session)
+    long_text = " ".join(["word"] * 200)  # truncated to max_length 128 tokens
+    budget = 3 * 128
+    app = gated_app(artifact, model, max_batch=32, max_wait_ms=0, max_batch_tokens=budget)
+    model.gate.set()
+    with ThreadServer(app) as srv:
+        for inputs in ([long_text] * 7, ["short"] * 20):
+            _assert_predictions(httpx.post(f"{srv.url}/predict", json={"inputs": inputs}, timeout=60), session, inputs)
+    sizes = [len(texts) for texts in model.texts]
+    assert sizes == [3, 3, 1, 20]  # 3 x 128 padded tokens fit the budget; 20 short texts are 20 x 3 tokens
+    alone = _Ordered(session)
+    app = gated_app(artifact, alone, max_batch=32, max_wait_ms=0, max_batch_tokens=8)
+    alone.gate.set()
+    with ThreadServer(app) as srv:
+        _assert_predictions(httpx.post(f"{srv.url}/predict", json={"inputs": [long_text] * 2}, timeout=60),
+                            session, [long_text] * 2)  # fmt: skip
+    assert [len(texts) for texts in alone.texts] == [1, 1]
