@@ -1,4 +1,4 @@
-"""The deploy flow: data → teacher → (plan) → compress → compact → export → validate → benchmark → package.
+"""The deploy flow: data → teacher → (plan) → compress → compact → export → validate → bench → package.
 
 `plan` runs for a speed target only: it measures the latency table and rewrites the method configuration to the
 planned shape, which the later stages then see as if the recipe had said it.
@@ -22,14 +22,15 @@ from typing import NamedTuple
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from export.package import artifact_name, discard, new_staging, published_name
-from export.report import latency_rows, render_markdown
 from flows import stage_tasks
 from pipeline import interrupts
 from pipeline.compress.registry import model_max_length
 from pipeline.config.schema import DeployConfig
 from pipeline.errors import PipelineError
+from pipeline.report import latency_rows, render_markdown
 from pipeline.request import DeployRequest, checked_signing_key
+from pipeline.stages.package import WORK, artifact_name, discard, new_staging, published_name
+from serving.artifact import PYTORCH
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +39,11 @@ STATE_FILE = "state.json"
 
 @flow(name="deploy", log_prints=True)
 def deploy(request: DeployRequest) -> str:
-    """Compress, compact, export, validate, benchmark and package; returns the artifact folder."""
+    """Every stage of `pipeline/stages/` in order; returns the artifact folder."""
     interrupts.rearm()  # Prefect's flow engine has just replaced the SIGTERM handler with its own
     run = prepare(request)
     compress(request, run)
-    return package(request, run)
+    return finish(request, run)
 
 
 @dataclass
@@ -97,12 +98,12 @@ def prepare(request: DeployRequest, plain: bool = False) -> Run:
     """Data, teacher and (for a speed target) the plan, which rewrites the method config to the planned shape."""
     cfg, ref = request.config, request.data
     run = Run(cfg, plain=plain)
-    run.data = run.timed("data", stage_tasks.describe_data, ref)
+    run.data = run.timed("data", stage_tasks.data, ref)
     run.teacher = run.timed(
-        "teacher", stage_tasks.prepare_teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
+        "teacher", stage_tasks.teacher, request.model, request.teacher, ref, cfg.teacher, request.cache_dir
     )
     if cfg.target.speedup is not None:
-        run.plan = run.timed("plan", stage_tasks.plan_target, cfg, run.teacher["path"], request.cache_dir)
+        run.plan = run.timed("plan", stage_tasks.plan, cfg, run.teacher["path"], request.cache_dir)
         run.config = cfg.model_copy(update={"method": run.plan["method"], "config": run.plan["config"]})
     return run
 
@@ -119,23 +120,23 @@ def _max_length(run: Run) -> int:
     return model_max_length(run.config)  # of the planned configuration: planning may drop the training stages
 
 
-def compact(request: DeployRequest, run: Run, folder: Path) -> dict:
+def _compact(request: DeployRequest, run: Run, folder: Path) -> dict:
     cfg = run.config
     return run.timed(
         "compact",
         stage_tasks.compact,
         run.compressed["path"],
         request.data,
-        str(folder / "pytorch"),
+        str(folder / PYTORCH),
         cfg.gates.compaction_atol,
         _max_length(run),
     )
 
 
-def export(request: DeployRequest, run: Run, folder: Path) -> dict:
+def _export(request: DeployRequest, run: Run, folder: Path) -> dict:
     return run.timed(
         "export",
-        stage_tasks.export_models,
+        stage_tasks.export,
         str(folder),
         run.teacher["path"],
         request.cache_dir,
@@ -145,11 +146,11 @@ def export(request: DeployRequest, run: Run, folder: Path) -> dict:
     )
 
 
-def validate(request: DeployRequest, run: Run, folder: Path) -> dict:
+def _validate(request: DeployRequest, run: Run, folder: Path) -> dict:
     cfg = run.config
     return run.timed(
         "validate",
-        stage_tasks.validate_models,
+        stage_tasks.validate,
         str(folder),
         run.teacher["path"],
         request.data,
@@ -159,8 +160,8 @@ def validate(request: DeployRequest, run: Run, folder: Path) -> dict:
     )
 
 
-def bench(request: DeployRequest, run: Run, folder: Path) -> dict:
-    return run.timed("benchmark", stage_tasks.measure_speed, str(folder), run.teacher["path"], run.config.bench)
+def _bench(request: DeployRequest, run: Run, folder: Path) -> dict:
+    return run.timed("bench", stage_tasks.bench, str(folder), run.teacher["path"], run.config.bench)
 
 
 class Step(NamedTuple):
@@ -171,10 +172,10 @@ class Step(NamedTuple):
 
 # after compress, in order; each needs the ones before it
 STEPS = (
-    Step("compact", "compaction", compact),
-    Step("export", "export", export),
-    Step("validate", "validation", validate),
-    Step("bench", "speed", bench),
+    Step("compact", "compaction", _compact),
+    Step("export", "export", _export),
+    Step("validate", "validation", _validate),
+    Step("bench", "speed", _bench),
 )
 
 
@@ -200,7 +201,7 @@ def publish(request: DeployRequest, run: Run, staging: Path) -> str:
     if not run.plain:
         report_to_prefect({**report, "artifact": published_name(staging)})
     config = run.config.model_dump(mode="json")
-    return str(run.call(stage_tasks.publish, str(staging), report, inputs, config, request.sign_key))
+    return str(run.call(stage_tasks.package, str(staging), report, inputs, config, request.sign_key))
 
 
 def _staged(request: DeployRequest, run: Run, output_dir: str, fill: Callable[[Path], None]) -> str:
@@ -215,8 +216,9 @@ def _staged(request: DeployRequest, run: Run, output_dir: str, fill: Callable[[P
         raise
 
 
-def package(request: DeployRequest, run: Run) -> str:
-    """Every step after compress into a new staging folder, then publish it as the artifact."""
+def finish(request: DeployRequest, run: Run) -> str:
+    """Every step after compress (compact, export, validate, bench) into a new staging folder, then publish it as
+    the artifact (the package stage)."""
 
     def every_step(staging: Path) -> None:
         for step in STEPS:
@@ -238,7 +240,7 @@ def start_work(request: DeployRequest, folder: Path) -> None:
     check_new_work(folder)
     run = prepare(request, plain=True)
     compress(request, run)
-    (folder / ".work").mkdir(parents=True, exist_ok=True)  # the dense graphs, as in a staging folder
+    (folder / WORK).mkdir(parents=True, exist_ok=True)  # the dense graphs, as in a staging folder
     run.save(request, folder)
 
 

@@ -4,7 +4,7 @@ Pareto report and the pick.
 1. `prepare` each run in the flow's own process, one after another: the teacher is fine-tuned once (the first
    run builds the cache entry, the rest reuse it) and speed-target plans time their latency tables alone.
 2. `compress` every run at once on the task runner (a local Dask cluster, or the scheduler given).
-3. `package` each run in turn in the flow's process once all training is done: compaction, export, validation
+3. `finish` each run in turn in the flow's process once all training is done: compaction, export, validation
    and above all the latency benchmark never share the machine with anything else.
 4. The Pareto report over the published artifacts and the dense baselines, and the pick within the budget.
 A run that fails (a gate, a bad plan) is reported as failed; the others go on.
@@ -16,11 +16,11 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from export.pareto import pareto_report, pareto_rows, write_pareto
 from flows import stage_tasks
-from flows.deploy import compress_args, package, prepare
+from flows.deploy import compress_args, finish, prepare
 from pipeline import interrupts
 from pipeline.errors import PipelineError
+from pipeline.pareto import pareto_report, pareto_rows, write_pareto
 from pipeline.request import DeployRequest
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def sweep(labels: list[str], requests: list[DeployRequest], output: str, max_met
     artifacts = []
     for label, request, run in trained:
         try:
-            artifacts.append((label, Path(package(request, run))))
+            artifacts.append((label, Path(finish(request, run))))
         except PipelineError as e:  # GateError included: the staging folder is gone, nothing was published
             failed.append({"run": label, "stage": "package", "error": str(e)})
     for f in failed:

@@ -24,6 +24,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DONE = ".complete"
+REPORT = "stage.json"  # what the stage that built an entry reports of it, kept beside it
 
 
 def default_cache_dir() -> Path:
@@ -87,3 +88,13 @@ def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, False
+
+
+def write_report(folder: Path, report: dict) -> None:
+    """Keep a stage's report beside the entry it built (a cache hit then reports what the build did)."""
+    (Path(folder) / REPORT).write_text(json.dumps(report, indent=2, default=str))
+
+
+def read_report(folder: Path) -> dict:
+    f = Path(folder) / REPORT
+    return json.loads(f.read_text()) if f.is_file() else {}

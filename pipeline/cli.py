@@ -17,6 +17,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from pipeline.stages import STAGES
+
 T = TypeVar("T")
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Compress, export, validate and ship BERT-family encoders."
@@ -24,6 +26,9 @@ app = typer.Typer(
 
 
 def _fail(e: Exception | str, code: int) -> None:
+    if os.environ.get("PIPELINE_DEBUG") == "1" and isinstance(e, BaseException):
+        e.__suppress_context__ = False  # the library error a one-line message replaced (`from None`) shows too
+        raise e  # the whole traceback, for when the bug is ours or a library's
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(code)
 
@@ -254,10 +259,16 @@ def _stage(name: str, doc: str) -> None:
     app.command(name)(command)
 
 
-_stage("compact", "Stage 2 by hand: remove pruned units from the compressed model into WORK/pytorch, proven exact.")
-_stage("export", "Stage 3 by hand: fused fp32 and int8 ONNX graphs of WORK/pytorch (and of the dense teacher).")
-_stage("validate", "Stage 4 by hand: parity and accuracy gates on the validation split; dev reported.")
-_stage("bench", "Stage 5 by hand: ONNX Runtime latency of dense and compressed graphs, interleaved.")
+# `pipeline compress` runs the stages up to compress, `pipeline package` the last; in between, one command each, in
+# the order of `pipeline.stages.STAGES` (a light module: `pipeline --help` imports neither torch nor Prefect).
+BY_HAND = {
+    "compact": "remove pruned units from the compressed model into WORK/pytorch, proven exact.",
+    "export": "fused fp32 and int8 ONNX graphs of WORK/pytorch (and of the dense teacher).",
+    "validate": "parity and accuracy gates on the validation split; dev reported.",
+    "bench": "ONNX Runtime latency of dense and compressed graphs, interleaved.",
+}
+for _i, _name in enumerate(STAGES[STAGES.index("compress") + 1 : STAGES.index("package")], start=2):
+    _stage(_name, f"Stage {_i} by hand: {BY_HAND[_name]}")
 
 
 @app.command("package")
@@ -298,7 +309,7 @@ def evaluate(
     must match its manifest, as for serving."""
 
     def run() -> dict:
-        from export.validate import evaluate_artifact
+        from pipeline.evaluate import evaluate_artifact
 
         return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file, trust_key)
 
@@ -343,7 +354,7 @@ def sweep(
         )
 
     result = _guarded(run)
-    from export.pareto import pareto_rows
+    from pipeline.pareto import pareto_rows
 
     for row in pareto_rows(result):
         mark = "*" if row["selected"] else ("p" if row["pareto"] else " ")
@@ -438,7 +449,14 @@ def list_tasks() -> None:
 
 
 def main() -> None:
-    app()
+    from pipeline import interrupts
+
+    interrupts.arm()  # as early as possible: a Ctrl-C while the command starts up stops it the same way
+    try:
+        app()
+    except interrupts.Interrupted as e:  # before a command's own guard took over
+        typer.echo(f"error: {e}; nothing was published", err=True)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

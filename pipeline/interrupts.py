@@ -45,10 +45,10 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 def arm() -> None:
-    """Install the handler for SIGINT and SIGTERM (main thread only; elsewhere a no-op) and forget old signals."""
+    """Install the handler for SIGINT and SIGTERM (main thread only; elsewhere a no-op). Arming again keeps what
+    was received: `pipeline` arms as it starts, and each command again around its work."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _received.clear()
     for sig in SIGNALS:
         previous = signal.signal(sig, _handler)
         _previous.setdefault(sig, previous)

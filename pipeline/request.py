@@ -10,12 +10,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from export.package import check_output_dir
 from pipeline.cache import default_cache_dir
 from pipeline.compress.registry import chain_configs, parse_chain
 from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
-from pipeline.config.schema import CustomTask, DeployConfig, validate
+from pipeline.config.schema import CustomTask, DeployConfig, parse
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
@@ -54,8 +53,10 @@ def build_deploy_config(
     data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None)
     if custom_task is not None:
         data["custom_task"] = custom_task.model_dump()
-    cfg = validate(DeployConfig, data, "recipe")
-    chain_configs(cfg)  # fail now, not mid-flow
+    cfg = parse(DeployConfig, data, "recipe")
+    # each method's section parsed once, here, and kept with its defaults filled in (what ran is what is recorded)
+    sections = {m.name: method_cfg.model_dump(mode="json") for m, method_cfg in chain_configs(cfg)}
+    cfg = cfg.model_copy(update={"config": sections})
     if cfg.target.speedup is not None:
         check_target_chain(cfg.method)
     return cfg
@@ -141,7 +142,7 @@ def prepare_request(
     task, custom = resolve_task(task, task_file)
     config = build_deploy_config(method, task, recipe, overrides, custom)
     spec = task_spec(config.task, config.custom_task)
-    check_output_dir(output_dir)
+    check_writable_dir(output_dir, "output folder")
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from pipeline.config.recipes import read_yaml_mapping
-from pipeline.config.schema import FrozenModel, validate
+from pipeline.config.schema import FrozenModel, parse
 from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest, prepare_request
 
@@ -110,7 +110,7 @@ def load_sweep(
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"sweep file {path} does not exist")
-    spec = validate(SweepSpec, read_yaml_mapping(path, "sweep file"), f"sweep file {path}")
+    spec = parse(SweepSpec, read_yaml_mapping(path, "sweep file"), f"sweep file {path}")
     if spec.size() > MAX_RUNS:
         raise PipelineError(
             f"sweep file {path} expands to {spec.size():,} runs; at most {MAX_RUNS:,} (each run is a full deploy): "

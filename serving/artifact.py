@@ -27,6 +27,7 @@ PYTORCH = "pytorch"  # the compacted safetensors model, reloadable at its per-la
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 LATENCY_PLOT = "latency.png"
+MODEL_CARD = "README.md"  # Hugging Face's metadata block and how the model was made
 MANIFEST = "manifest.json"
 SIGNATURE = "model.sig"  # written after the manifest; the only file the manifest does not list
 # The task block in config.json and manifest.json (name, labels, text columns, pair, metric).

@@ -228,8 +228,9 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
     if (final / "manifest.json").is_file():
         return final
     from export.onnx import export_optimized
-    from export.package import new_staging, publish, stamp_task
     from pipeline.data.tasks import get_task
+    from pipeline.stages.package import new_staging, stamp_task
+    from pipeline.stages.package import run as publish
 
     spec = get_task(task)
     model = tiny_model("bert", num_labels=spec.num_labels)

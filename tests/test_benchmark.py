@@ -25,9 +25,9 @@ from export.benchmark import (
     speedups,
     wait_until_quiet,
 )
-from export.report import render_markdown
 from export.sessions import make_session, physical_cores
 from pipeline.config.schema import BenchSettings
+from pipeline.report import render_markdown
 from tests.helpers import wait_until
 
 VOCAB = 128
@@ -302,12 +302,13 @@ def test_waiting_for_quiet_samples_the_machine_and_reports_what_others_still_hol
 def test_report_md_shows_the_teachers_widths_for_a_model_compressed_narrow(classifier_dirs, tmp_path):
     """MLP Fusion narrows FFNs while compressing, so compaction's widths in and out are equal; report.md must
     still say what the run did: the teacher's widths against the artifact's."""
-    from export.onnx import dense_graphs, export_optimized
-    from export.speed import measure_speed
+    from export.onnx import export_optimized
     from pipeline.compress.compaction import compact_
     from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
     from pipeline.compress.methods.mlp_fusion.stage import fuse_
     from pipeline.models.io import load_model, save_model
+    from pipeline.stages.bench import run as measure_speed
+    from pipeline.stages.export import dense_graphs
 
     teacher = str(classifier_dirs["bert"])  # 2 layers, 2 heads, FFN 64
     model = load_model(teacher)

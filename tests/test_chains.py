@@ -19,6 +19,7 @@ CHAIN_BUDGET = (
 )  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_a_chain_runs_end_to_end_with_each_stage_cached_and_exact_compaction(tmp_path):
     model = write_tiny_model_dir(tmp_path / "tiny4", layers=4, heads=4)
     _, artifact = quick_deploy("distill+smp", model, tmp_path, *CHAIN_BUDGET)
@@ -46,6 +47,7 @@ def test_a_chain_runs_end_to_end_with_each_stage_cached_and_exact_compaction(tmp
     assert stages3[0]["cached"] and not stages3[1]["cached"]
 
 
+@pytest.mark.e2e
 def test_method_none_ships_the_dense_teacher_against_dense_int8(classifier_dirs, tmp_path):
     _, artifact = quick_deploy("none", classifier_dirs["bert"], tmp_path, "--set", "export.int8=static")
     report = json.loads((artifact / "report.json").read_text())

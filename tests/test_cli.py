@@ -166,6 +166,17 @@ def test_output_path_that_is_a_file():
     assert_one_line_error(cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--output", "out"), "is a file")
 
 
+def test_pipeline_debug_shows_the_whole_traceback(monkeypatch):
+    """PIPELINE_DEBUG=1: the one-line error's exception is re-raised, with the library error it replaced."""
+    from pipeline.errors import PipelineError
+
+    Path("recipe.yaml").write_text("method: mlp_fusion\nconfig: [unclosed\n")
+    monkeypatch.setenv("PIPELINE_DEBUG", "1")
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--recipe", "recipe.yaml")
+    assert isinstance(result.exception, PipelineError) and "is not valid YAML" in str(result.exception)
+    assert result.exception.__context__ is not None and not result.exception.__suppress_context__  # the YAML error
+
+
 def test_help_does_not_import_torch():
     code = (
         "import sys; from pipeline.cli import app; assert 'torch' not in sys.modules and 'prefect' not in sys.modules"
@@ -181,6 +192,7 @@ def test_methods_and_tasks_listings():
     assert "sst2" in out and "mnli   3 labels" in out
 
 
+@pytest.mark.e2e
 def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     """A real flow on a tiny model: artifact layout, manifest, Optimum loading; then a cached teacher and a
     failed gate that publishes nothing."""
@@ -280,6 +292,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [artifact.name]  # nothing else published
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("method", "kind", "extra"),
     [
@@ -302,6 +315,7 @@ def test_structured_pruning_deploys_smaller_models(base_dirs, tmp_path, method, 
     assert config["layer_heads"] == compaction["heads"] and config["intermediate_sizes"] == compaction["ffn_widths"]
 
 
+@pytest.mark.e2e
 def test_live_gates(base_dirs, tmp_path):
     """Every gate at its default, live, on a task a tiny teacher learns to 100% (does the sentence contain "and"?;
     sentiment from scratch reached only 60-67%, so a wrecked student could score above its teacher): a fused student

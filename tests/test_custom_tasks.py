@@ -47,6 +47,7 @@ def _pair_task(folder):
     return path
 
 
+@pytest.mark.e2e
 def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
     task_file = intent_task_file(tmp_path)
     _, artifact = quick_deploy(
@@ -83,6 +84,7 @@ def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
     assert scored["metric"] == "macro_f1" and scored["metrics"]["onnx_int8"] == dev
 
 
+@pytest.mark.e2e
 def test_a_csv_pair_task_deploys_and_serves_pairs(base_dirs, tmp_path):
     task_file = _pair_task(tmp_path)
     budget = ("--steps", "4", "--set", "config.prune_steps=3", "--set", "config.recover_steps=2")
@@ -252,6 +254,7 @@ def test_local_dataset_folder_errors(tmp_path):
         load_task_data("rte", other)
 
 
+@pytest.mark.e2e
 def test_a_task_file_deploy_refuses_before_training(base_dirs, tmp_path):
     """A wrong label deep in the dev file stops the run before the teacher trains: nothing is cached or written."""
     task_file = intent_task_file(tmp_path)

@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
+from pipeline.compress.compaction import narrow_
 from pipeline.compress.methods.distill.config import StudentConfig, check_student_folder
-from pipeline.compress.methods.distill.students import build_student, narrow_, pick_layers
+from pipeline.compress.methods.distill.students import build_student, pick_layers
 from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
@@ -54,6 +55,7 @@ def test_student_folder_must_tokenize_like_the_teacher(base_dirs):
     assert check_student_folder(base_dirs["bert"], base_dirs["bert"])["model_type"] == "bert"
 
 
+@pytest.mark.e2e
 def test_distill_deploys_a_shallower_student(base_dirs, tmp_path):
     from tests.helpers import quick_deploy
 

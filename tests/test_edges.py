@@ -91,6 +91,7 @@ def test_the_sample_is_used_only_when_no_source_is_named_and_says_so(caplog):
         resolve_source(get_task("rte"), None)
 
 
+@pytest.mark.e2e
 def test_a_failing_prefect_report_does_not_fail_a_published_run(base_dirs, tmp_path):
     """The Prefect UI artifacts are made before publishing and cannot fail the run (they used to be made after
     the artifact folder was published, so their failure turned a finished run into exit code 1)."""

@@ -16,19 +16,11 @@ from flows import deploy as flow
 from flows import stage_tasks
 from pipeline import interrupts
 from pipeline.request import prepare_request
+from pipeline.stages import STAGES
 from tests.helpers import LOOSE_GATES, quick_args, wait_until, write_tiny_model_dir
 
-# every stage boundary of a deploy, with the task that starts there
-BOUNDARIES = {
-    "data": stage_tasks.describe_data,
-    "teacher": stage_tasks.prepare_teacher,
-    "compress": stage_tasks.compress,
-    "compact": stage_tasks.compact,
-    "export": stage_tasks.export_models,
-    "validate": stage_tasks.validate_models,
-    "benchmark": stage_tasks.measure_speed,
-    "package": stage_tasks.publish,
-}
+# every stage boundary of a deploy (the plan runs only for a speed target), with the task that starts there
+BOUNDARIES = {name: getattr(stage_tasks, name) for name in STAGES if name != "plan"}
 FAST = ("config.tune_steps=2", "config.train.max_steps=2", "teacher.max_steps=2", "data.max_train=64",
         "data.max_dev=16", "gates.int8_max_drop=100", "gates.max_metric_drop=100", "bench.batch_sizes=[1]",
         "bench.seq_lens=[16]", "bench.min_runs=1", "bench.max_runs=1", "bench.warmup=0")  # fmt: skip
@@ -111,7 +103,7 @@ def test_a_stop_signal_at_any_stage_boundary_publishes_nothing(stage, dropped, t
     with pytest.raises(interrupts.Interrupted):
         run = flow.prepare(request, plain=True)
         flow.compress(request, run)
-        flow.package(request, run)
+        flow.finish(request, run)
     assert not out.exists() or list(out.iterdir()) == []  # no artifact, no staging folder, no lock file
     assert not [p for p in cache.rglob(".*-*") if p.is_dir()]  # no half-built cache entry
 

@@ -11,8 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "flows", "export", "serving")
 CONTRACT = "serving.artifact"  # the artifact's file names, task block, manifest and signature: the server's module
 
-# A module may import its own unit and units of a lower rank only. `stages` and `export` share a rank: neither
-# may import the other. The server stands apart: the slim image installs it without the rest.
+# A module may import its own unit and units of a lower rank only: `export` (ONNX export, sessions, parity, the
+# timing harness) knows nothing of the stages that use it. The server stands apart: the slim image installs it
+# without the rest, and the pipeline imports only its artifact contract.
 RANKS = {
     "base": 0,
     "config": 1,
@@ -20,11 +21,11 @@ RANKS = {
     "models": 3,
     "train": 4,
     "compress": 5,
-    "stages": 6,
     "export": 6,
-    "request": 7,
-    "flows": 8,
-    "cli": 9,
+    "stages": 7,
+    "request": 8,
+    "flows": 9,
+    "cli": 10,
 }
 
 
@@ -33,11 +34,11 @@ def unit(module: str) -> str:
     if parts[0] in ("export", "flows", "serving"):
         return parts[0]
     sub = parts[1] if len(parts) > 1 else ""
-    if sub == "sweep":  # a sweep file is many deploy requests: it sits with `request`
+    if sub in ("sweep", "pareto", "evaluate"):  # a sweep's requests and its analysis, `evaluate`: beside the request
         return "request"
     if sub in ("config", "data", "models", "train", "compress", "stages", "request", "cli"):
         return sub
-    return "base"  # pipeline/__init__, errors, cache
+    return "base"  # pipeline/__init__, errors, cache, paths, report, interrupts, watchdog
 
 
 def project_modules() -> dict[str, Path]:
@@ -189,6 +190,32 @@ def test_every_third_party_import_is_a_declared_dependency():
 
 
 def test_only_the_artifact_contract_is_imported_from_the_server():
-    assert uphill_imports({"export.package": {"serving.artifact"}}) == []
-    assert uphill_imports({"export.package": {"serving.session"}}) == ["export.package -> serving.session"]
+    assert uphill_imports({"pipeline.stages.package": {"serving.artifact"}}) == []
+    assert uphill_imports({"pipeline.stages.package": {"serving.session"}}) == [
+        "pipeline.stages.package -> serving.session"
+    ]
     assert uphill_imports({"serving.artifact": {"pipeline.errors"}}) == ["serving.artifact -> pipeline.errors"]
+
+
+def test_the_stages_the_flow_the_commands_and_the_readme_match_one_to_one():
+    """One name per stage: a module with a `run` in pipeline/stages/, a Prefect task, the flow's steps after
+    compress, the `pipeline` stage commands, and a row of the README's stage table, in the same order."""
+    import importlib
+    import re
+
+    from flows import stage_tasks
+    from flows.deploy import STEPS
+    from pipeline.cli import app
+    from pipeline.stages import STAGES
+
+    for name in STAGES:
+        assert callable(importlib.import_module(f"pipeline.stages.{name}").run), name
+        assert getattr(stage_tasks, name).name == name
+    modules = sorted(p.stem for p in (ROOT / "pipeline" / "stages").glob("*.py") if p.stem != "__init__")
+    assert modules == sorted(STAGES)
+    by_hand = list(STAGES[STAGES.index("compress") + 1 : STAGES.index("package")])
+    assert [s.command for s in STEPS] == by_hand
+    commands = [c.name for c in app.registered_commands]
+    assert [c for c in commands if c in STAGES] == ["compress", *by_hand, "package"]
+    table = re.findall(r"^\| (\w+) \|", (ROOT / "README.md").read_text(), re.M)
+    assert [row for row in table if row in STAGES] == list(STAGES)

@@ -143,17 +143,17 @@ def test_type_and_global_allocation_pool_layers():
 
 
 def test_config_bad_inputs_are_one_line():
-    from pipeline.config.schema import validate
+    from pipeline.config.schema import parse
 
     with pytest.raises(PipelineError, match="sparsity: Input should be less than 1"):
-        validate(SmpConfig, {"sparsity": 1.0}, "smp config")
+        parse(SmpConfig, {"sparsity": 1.0}, "smp config")
     with pytest.raises(PipelineError, match="sparsity: Input should be greater than or equal to 0"):
-        validate(GmpConfig, {"sparsity": -0.1}, "gmp config")
+        parse(GmpConfig, {"sparsity": -0.1}, "gmp config")
     with pytest.raises(PipelineError, match="prune_steps 900 is longer than the training budget"):
-        validate(SmpConfig, {"prune_steps": 900, "train": {"max_steps": 600}}, "smp config")
+        parse(SmpConfig, {"prune_steps": 900, "train": {"max_steps": 600}}, "smp config")
     with pytest.raises(PipelineError, match=r"mask\.ffn: Input should be"):
-        validate(SmpConfig, {"mask": {"ffn": "head"}}, "smp config")  # a granularity FFNs cannot be compacted at
+        parse(SmpConfig, {"mask": {"ffn": "head"}}, "smp config")  # a granularity FFNs cannot be compacted at
     with pytest.raises(PipelineError, match=r"initial_sparsity 0\.7 is above the target"):
-        validate(GmpConfig, {"sparsity": 0.5, "initial_sparsity": 0.7}, "gmp config")
+        parse(GmpConfig, {"sparsity": 0.5, "initial_sparsity": 0.7}, "gmp config")
     with pytest.raises(PipelineError, match="block 32x32 does not divide the FFN"):
         MaskConfig(ffn="block", attention="none").check_shapes({"hidden_size": 64, "intermediate_size": 48})

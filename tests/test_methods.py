@@ -1,6 +1,7 @@
 """Every registered method, in-process on a tiny model: it applies, leaves no training wrapper behind, returns the
-model on the CPU, and compacts exactly. The same matrix runs on CUDA where there is a GPU (`gpu` marker): a
-method whose loss closes over the teacher must still see it on the training device."""
+model on the CPU, compacts exactly and reloads exactly at its per-layer shapes. The same matrix runs on CUDA where
+there is a GPU (`gpu` marker): a method whose loss closes over the teacher must still see it on the training
+device."""
 
 import copy
 
@@ -14,6 +15,7 @@ from pipeline.compress.registry import methods
 from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import get_task
+from pipeline.models.io import load_model, save_model
 from tests.helpers import sample_logits, tiny_model, tiny_tokenizer
 
 TINY_TRAIN = {"max_steps": 4, "batch_size": 16, "epochs": 10}
@@ -41,18 +43,20 @@ def _context():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(MATRIX))
-def test_method_applies_and_compacts_exactly(name, device):
+def test_method_applies_compacts_and_reloads_exactly(name, device, tmp_path):
     method = next(m for m in methods() if m.name == name)
     settings = copy.deepcopy(MATRIX[name])
     settings["train"] = {**TINY_TRAIN, **settings.get("train", {}), "device": device}
     cfg = method.config_cls.model_validate(settings)
     ctx = _context()
     model = copy.deepcopy(ctx.teacher).requires_grad_(True)  # a trainable copy, as the compress stage loads it
-    if method.apply_path is not None:
-        model = method.apply()(model, cfg, ctx)
+    model = method.apply(model, cfg, ctx)
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())
     assert all(p.device.type == "cpu" for p in model.parameters())
     assert all(p.device.type == "cpu" for p in ctx.teacher.parameters())
     before = sample_logits(model)
     compact_(model)
-    assert torch.allclose(sample_logits(model), before, atol=1e-5)
+    after = sample_logits(model)
+    assert torch.allclose(after, before, atol=1e-5)
+    save_model(model, tiny_tokenizer("bert"), tmp_path / "saved")
+    assert torch.equal(sample_logits(load_model(tmp_path / "saved")), after)

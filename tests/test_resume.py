@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from export.package import STAGING_PREFIX, new_staging, remove_dead_stagings
+import pytest
+
+from pipeline.stages.package import STAGING_PREFIX, new_staging, remove_dead_stagings
 from tests.helpers import LOOSE_GATES, quick_args, run_cli, wait_until, write_tiny_model_dir
 
 CHAIN = (
@@ -38,6 +40,7 @@ def sigkill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.mark.e2e
 def test_a_chain_killed_mid_stage_resumes_from_its_finished_stages(tmp_path):
     model = write_tiny_model_dir(tmp_path / "tiny4", layers=4, heads=4)
     args, env = quick_args("distill+smp", model, tmp_path, *CHAIN, *LOOSE_GATES)
@@ -62,6 +65,7 @@ def test_a_chain_killed_mid_stage_resumes_from_its_finished_stages(tmp_path):
             assert entry.name.endswith(".lock") or (entry / ".complete").is_file(), entry
 
 
+@pytest.mark.e2e
 def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(classifier_dirs, tmp_path):
     slow_bench = (
         "--set",
@@ -92,7 +96,7 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(classifier_dirs
 def test_a_live_runs_staging_folder_is_never_removed(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from export.package import new_staging; "
+        [sys.executable, "-c", "import sys, time; from pipeline.stages.package import new_staging; "
          "s = new_staging(sys.argv[1], 'live'); print(s, flush=True); time.sleep(600)", str(out)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
     )  # fmt: skip

@@ -64,6 +64,7 @@ def prefect_server(tmp_path):
         log.close()
 
 
+@pytest.mark.e2e
 def test_a_scheduled_deploy_runs_on_its_own_and_publishes_an_artifact(prefect_server, classifier_dirs, tmp_path):
     env, out = prefect_server, tmp_path / "out"
     env = {**env, "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}

@@ -62,9 +62,9 @@ def test_the_plan_sets_the_student_depth_and_the_pruned_shape():
     shape = search_shape(t, 4.0, [3])
     assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
     full_depth = apply_shape(cfg, search_shape(t, 2.5, [6]), t.teacher)  # all layers kept: nothing to distill
-    assert full_depth.method == "smp" and "shape" in full_depth.config["mask"]
+    assert full_depth.method == "smp" and "shape" in full_depth.config["smp"]["mask"]
     dense = apply_shape(cfg, search_shape(t, 1.5, [6]), t.teacher)  # dense int8 meets it: nothing to prune either
-    assert (dense.method, dense.config) == ("none", {})
+    assert (dense.method, dense.config) == ("none", {"none": {}})
     assert layer_options(build_deploy_config("smp", "sst2"), 6) == [6]
 
 
@@ -86,7 +86,7 @@ def test_headroom_plans_above_the_target(target):
 def _machine_says(monkeypatch, verdicts: list[bool]) -> list[bool]:
     """Time the table's probes for real, but have the machine found busy or quiet as `verdicts` say, in turn
     (the last one repeats); returns the verdicts handed out, one per timing."""
-    import export.latency_table as latency_table
+    import pipeline.stages.plan as latency_table
 
     real, handed = latency_table.benchmark, []
 
@@ -115,7 +115,7 @@ QUICK = ["target.batch=2", "target.seq=16", "bench.max_runs=5", "target.heads_gr
 def test_a_latency_table_measured_on_a_busy_machine_is_refused_in_one_line_and_not_cached(
     classifier_dirs, tmp_path, monkeypatch
 ):
-    import export.latency_table as latency_table
+    import pipeline.stages.plan as latency_table
 
     waits = []
     monkeypatch.setattr(latency_table, "wait_until_quiet", lambda seconds, *a, **k: waits.append(seconds) or 0.0)
@@ -134,7 +134,7 @@ def test_a_latency_table_measured_on_a_busy_machine_is_refused_in_one_line_and_n
 
 
 def test_a_table_whose_machine_turns_quiet_is_measured_again_and_cached_clean(classifier_dirs, tmp_path, monkeypatch):
-    from export.latency_table import measure_table
+    from pipeline.stages.plan import measure_table
 
     teacher = str(classifier_dirs["bert"])
     cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", "target.busy_wait_s=0", *QUICK])
@@ -148,7 +148,7 @@ def test_a_table_whose_machine_turns_quiet_is_measured_again_and_cached_clean(cl
 
 
 def test_an_accepted_busy_table_is_used_once_and_never_cached(classifier_dirs, tmp_path, monkeypatch):
-    from export.latency_table import measure_table, table_record
+    from pipeline.stages.plan import measure_table, table_record
 
     teacher = str(classifier_dirs["bert"])
     overrides = ["target.speedup=1.5", "target.busy_attempts=1", "target.accept_busy=true", *QUICK]
@@ -180,7 +180,8 @@ def test_busy_settings_are_range_checked(override, problem):
 
 def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(classifier_dirs, tmp_path, monkeypatch):
     """Real probes exported and timed in ONNX Runtime; the plan meets the target on the table it was given."""
-    from export.latency_table import measure_table, plan_target
+    from pipeline.stages.plan import measure_table
+    from pipeline.stages.plan import run as plan_target
 
     _machine_says(monkeypatch, [False])  # this test is about the table and the plan; the busy cases are above
     teacher = str(classifier_dirs["bert"])
@@ -207,6 +208,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
     assert plan["planned_at"] == pytest.approx(target * (1 + headroom), rel=1e-3)
     assert table.dense_fp32_ms / table.predict_ms(s["layers"], s["heads"], s["ffn"]) >= target * (1 + headroom)
     if (s["heads"], s["ffn"]) == (table.teacher["heads"], table.teacher["ffn"]):  # int8 alone meets it
-        assert (plan["method"], plan["config"]) == ("none", {})
+        assert (plan["method"], plan["config"]) == ("none", {"none": {}})
     else:
-        assert plan["method"] == "smp" and plan["config"]["mask"]["shape"] == {"heads": s["heads"], "ffn": s["ffn"]}
+        assert plan["method"] == "smp"
+        assert plan["config"]["smp"]["mask"]["shape"] == {"heads": s["heads"], "ffn": s["ffn"]}

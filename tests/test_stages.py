@@ -6,7 +6,7 @@ from pipeline.data.loaders import DataRef
 from pipeline.models.io import load_model
 from pipeline.models.layers import encoder_layers
 from pipeline.request import build_deploy_config
-from pipeline.stages import compress
+from pipeline.stages.compress import run as compress
 
 
 def test_compress_trains_the_whole_student_not_only_new_layers(classifier_dirs, tmp_path):

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 import pipeline
-from export.pareto import mark_front, select
 from pipeline.errors import PipelineError
+from pipeline.pareto import mark_front, select
 from pipeline.sweep import load_sweep
 from tests.helpers import INTENTS, assert_one_line_error, intent_task_file
 
@@ -50,6 +50,7 @@ def cli_sweep(*args, cwd=None):
     )
 
 
+@pytest.mark.e2e
 def test_a_sweep_trains_on_dask_workers_and_selects_from_the_measured_front(base_dirs, tmp_path):
     sweep = write_sweep(tmp_path / "sweep.yaml", base_dirs["bert"])
     out = tmp_path / "out"

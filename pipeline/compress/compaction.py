@@ -9,9 +9,15 @@
   to 1, so it outputs b_V[h] whatever Q and K are. W_O[:, h] b_V[h] moves into b_O and the head is removed.
   A layer left with no head gets `HeadlessAttention` (LayerNorm(b_O + x)).
 The result has real per-layer widths, which `pipeline.models.io.save_model` records and `load_model` rebuilds.
+
+Cutting a model to a shape (a subset of its layers, each narrowed to its most important heads and neurons) goes
+through the same removal path: `narrow_` empties the dropped units' outputs and compaction removes them. Distill's
+students, the plan's latency probes and a planned width all use it.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -133,3 +139,42 @@ def remaining_zeros(model: nn.Module) -> dict:
                 total += m.weight.numel()
                 zeros += int((m.weight == 0).sum())
     return {"encoder_linear_weights": total, "zero_weights": zeros, "zero_fraction": round(zeros / max(total, 1), 4)}
+
+
+# --- cutting a model to a shape: a student's layers, a latency probe, a planned width ---------------------------
+
+
+@torch.no_grad()
+def narrow_(model: nn.Module, heads: int | None, ffn: int | None) -> dict:
+    """Keep the `heads` / `ffn` most important units per layer (by the norm of their weights), exactly removed.
+
+    A unit's importance is the product of the norms of what it reads and what it writes (Q/K/V rows and W_O
+    columns for a head; the W1 row and W2 column for a neuron). The others lose their output weights, which
+    makes them provably dead, and compaction removes them: one removal path for every method.
+    """
+    for layer in encoder_layers(model):
+        att = layer.attention.self
+        d, n_heads = att.attention_head_size, att.num_attention_heads
+        out = layer.attention.output.dense.weight
+        if heads is not None and heads < n_heads:
+            reads = sum(
+                getattr(att, m).weight.view(n_heads, d, -1).pow(2).sum((1, 2)) for m in ("query", "key", "value")
+            )
+            writes = out.view(out.shape[0], n_heads, d).pow(2).sum((0, 2))
+            drop = (reads.sqrt() * writes.sqrt()).argsort()[: n_heads - heads]
+            out.view(out.shape[0], n_heads, d)[:, drop] = 0
+        w1, w2 = layer.intermediate.dense.weight, layer.output.dense.weight
+        if ffn is not None and ffn < w1.shape[0]:
+            drop = (w1.norm(dim=1) * w2.norm(dim=0)).argsort()[: w1.shape[0] - ffn]
+            w2[:, drop] = 0
+    return compact_(model)
+
+
+def cut_from(teacher: nn.Module, keep: list[int], heads: int | None, ffn: int | None) -> tuple[nn.Module, dict | None]:
+    """A copy of `teacher` with only the layers `keep`, each narrowed to `heads` heads and `ffn` neurons when given
+    (by `narrow_`, compacted); returns it and the compaction report (None when nothing was narrowed)."""
+    model = copy.deepcopy(teacher)
+    model.base_model.encoder.layer = nn.ModuleList([encoder_layers(model)[i] for i in keep])
+    model.config.num_hidden_layers = len(keep)
+    report = narrow_(model, heads, ffn) if heads is not None or ffn is not None else None
+    return model, report

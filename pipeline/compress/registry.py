@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.config.recipes import CHAIN_SEP
-from pipeline.config.schema import DeployConfig, MethodConfig, validate
+from pipeline.config.schema import DeployConfig, MethodConfig, parse
 from pipeline.errors import PipelineError
 
 
@@ -39,9 +38,13 @@ class Method:
     builds_student: bool = False  # a new model from the dense teacher: first in a chain, sets a planned depth
     shapes: bool = False  # prunes whole heads and FFN neurons to a planned per-layer shape (`--target-speedup`)
 
-    def apply(self) -> Callable[..., Any]:
-        module, _, func = (self.apply_path or "").partition(":")
-        return getattr(importlib.import_module(module), func)
+    def apply(self, model: Any, cfg: MethodConfig, ctx: Any) -> Any:
+        """Compress `model` (a trainable copy of the teacher, or the previous method's compacted output) with this
+        method and return the result; the method's module (torch) is imported on first use. `none` returns it."""
+        if self.apply_path is None:
+            return model
+        module, _, func = self.apply_path.partition(":")
+        return getattr(importlib.import_module(module), func)(model, cfg, ctx)
 
 
 def method(config_cls: type[MethodConfig], apply_path: str | None, **flags: bool) -> Method:
@@ -104,21 +107,20 @@ def parse_chain(name: str) -> list[Method]:
 
 
 def chain_configs(config: DeployConfig) -> list[tuple[Method, MethodConfig]]:
-    """Each method of the configured chain with its config section validated by that method's class.
+    """Each method of the configured chain with its section, `config.<method>`, as that method's config class.
 
-    A single method's section is `config`; a chain's is `config.<method>` for each method.
+    A recipe and `--set` write a single method's section as `config` itself; `load_recipe` moves it under the
+    method's name, so every configuration after it has one shape. `build_deploy_config` parses each section once
+    and stores it with every default filled in, so this only rebuilds the objects.
     """
     chain = parse_chain(config.method)
-    if len(chain) == 1:
-        m = chain[0]
-        return [(m, validate(m.config_cls, config.config, f"{m.name} config"))]
     unknown = sorted(set(config.config) - {m.name for m in chain})
     if unknown:
         raise PipelineError(
-            f"invalid {config.method} config: unknown section(s) {', '.join(unknown)}; a chain's config has one "
-            f"section per method ({', '.join(m.name for m in chain)})"
+            f"invalid {config.method} config: unknown section(s) {', '.join(unknown)}; the config has one section "
+            f"per method of the chain ({', '.join(m.name for m in chain)})"
         )
-    return [(m, validate(m.config_cls, config.config.get(m.name) or {}, f"{m.name} config")) for m in chain]
+    return [(m, parse(m.config_cls, config.config.get(m.name) or {}, f"{m.name} config")) for m in chain]
 
 
 def model_max_length(config: DeployConfig) -> int:

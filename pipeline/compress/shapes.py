@@ -1,10 +1,11 @@
 """A speed target turned into a model shape: predict latency from a measured table, search the shape, apply it.
 
-The table (`export.latency_table` measures it in ONNX Runtime on this machine) holds the int8 latency of a one-layer
-model at a grid of (heads kept, FFN neurons kept), the fixed cost of everything outside the encoder layers, and the
-dense fp32 teacher's latency, all at one batch x sequence. A model of L layers of shape (h, f) is predicted at
-`fixed + L * (one_layer(h, f) - fixed)`, bilinear between grid points (ZipLM's per-module latency table, with
-our runtime and our units). The search keeps the shape that meets the target with the most weights kept.
+The table (the plan stage, `pipeline.stages.plan`, measures it in ONNX Runtime on this machine) holds the int8
+latency of a one-layer model at a grid of (heads kept, FFN neurons kept), the fixed cost of everything outside the
+encoder layers, and the dense fp32 teacher's latency, all at one batch x sequence. A model of L layers of shape
+(h, f) is predicted at `fixed + L * (one_layer(h, f) - fixed)`, bilinear between grid points (ZipLM's per-module
+latency table, with our runtime and our units). The search keeps the shape that meets the target with the most
+weights kept.
 """
 
 from __future__ import annotations
@@ -138,7 +139,6 @@ def apply_shape(config: DeployConfig, shape: Shape, teacher: dict[str, int]) -> 
         if (planned := cfg.planned(shape.layers, shape.heads, shape.ffn, teacher)) is not None
     ]
     if not kept:
-        return config.model_copy(update={"method": "none", "config": {}})
+        return config.model_copy(update={"method": "none", "config": {"none": {}}})
     sections = {m.name: cfg.model_dump(mode="json") for m, cfg in kept}
-    method = CHAIN_SEP.join(sections)
-    return config.model_copy(update={"method": method, "config": sections if len(kept) > 1 else sections[method]})
+    return config.model_copy(update={"method": CHAIN_SEP.join(sections), "config": sections})

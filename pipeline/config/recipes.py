@@ -130,4 +130,6 @@ def load_recipe(
     for assignment in overrides:
         apply_override(data, assignment)
     resolve_teacher(data)  # `--set teacher=NAME` names another shared definition
+    if CHAIN_SEP not in method:  # one method: `config` in a recipe and in --set, `config.<method>` from here on
+        data["config"] = {method: data.get("config") or {}}
     return data

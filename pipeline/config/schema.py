@@ -331,7 +331,8 @@ class CustomTask(BaseModel):
 class DeployConfig(FrozenModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
-    `config` is the method's section, validated by the method's own config class (`registry.chain_configs`);
+    `config` holds one section per method of the chain, `config.<method>`, each validated by the method's own
+    config class (`registry.chain_configs`);
     `teacher` comes from the shared teacher definitions in `recipes/teacher/` unless a recipe inlines one.
     """
 
@@ -347,7 +348,7 @@ class DeployConfig(FrozenModel):
     export: ExportSettings = ExportSettings()
 
 
-def validate(cls: type[BaseModel], data: Any, what: str) -> Any:
+def parse(cls: type[BaseModel], data: Any, what: str) -> Any:
     """`cls.model_validate(data)`, with the first validation error as a one-line PipelineError about `what`."""
     try:
         return cls.model_validate(data)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.recipes import read_yaml_mapping
-from pipeline.config.schema import CustomTask, validate
+from pipeline.config.schema import CustomTask, parse
 from pipeline.errors import PipelineError
 
 
@@ -162,7 +162,7 @@ def load_task_file(path: str | Path) -> CustomTask:
     for key in ("train", "dev"):
         if isinstance(data.get(key), str):
             data[key] = str((path.parent / data[key]).resolve())
-    task = validate(CustomTask, data, f"task file {path}")
+    task = parse(CustomTask, data, f"task file {path}")
     if task.name in TASKS:
         raise PipelineError(f"task file {path}: name {task.name!r} is a built-in task; use --task {task.name}, or "
                             "another name")  # fmt: skip

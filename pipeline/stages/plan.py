@@ -1,4 +1,4 @@
-"""Measure the latency table a speed target is planned on, and plan the shape (`--target-speedup`).
+"""The plan stage (`--target-speedup`): measure the latency table a speed target is planned on, and plan the shape.
 
 Every probe is a real model cut from the teacher (its first layers, narrowed to h heads and f FFN neurons by
 weight norm, compacted) and exported exactly as an artifact is (ONNX, ORT fusion, dynamic int8), then timed in
@@ -19,13 +19,16 @@ from importlib import metadata
 from pathlib import Path
 
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
-from export.onnx import EXPORT_LIBRARIES, dense_graphs, export_optimized
+from export.onnx import EXPORT_LIBRARIES, export_optimized
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
-from pipeline.compress.methods.distill.students import cut_from
+from pipeline.compress.compaction import cut_from
 from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
 from pipeline.errors import PipelineError
+from pipeline.stages.export import dense_graphs
+from pipeline.stages.package import DENSE_GRAPHS
+from serving.artifact import CONFIG, GRAPHS
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
     Raises:
         PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
     """
-    cfg = json.loads((Path(teacher_dir) / "config.json").read_text())
+    cfg = json.loads((Path(teacher_dir) / CONFIG).read_text())
     heads, ffn = grid(cfg, target)
     threads = bench.threads or physical_cores()
     arch = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")}
@@ -113,8 +116,8 @@ def _export_probes(teacher_dir: str, cfg: dict, heads: list[int], ffn: list[int]
     models = {}
     for name, (n, h, f) in probes.items():
         export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, tmp / name)
-        models[name] = tmp / name / "model.int8.onnx"
-    models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / "dense.onnx"
+        models[name] = tmp / name / GRAPHS["int8"]
+    models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
     return models
 
 
@@ -178,7 +181,7 @@ def _worst(machine: dict) -> float:
     return max(machine["others_cores"], machine["others_cores_worst_cell"] or 0.0)
 
 
-def plan_target(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
+def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
     check_target_chain(config.method)
     record = table_record(teacher_dir, config.target, config.bench, cache_dir)

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from statistics import mean
 
+from serving.artifact import GRAPHS, REPORT_JSON
+
 SELECTED_LINK = "selected"
 SHIPPED = "compressed-int8"  # the graph a point stands for
 
@@ -55,7 +57,7 @@ def artifact_point(artifact: Path, label: str, report: dict) -> dict:
         "latency_ms": _ms(speed, SHIPPED, cell),
         "speedup": head["speedup_p50"],
         "speedup_vs_dense_int8": head["speedup_vs_dense_int8"],
-        "size_mb": round((artifact / "model.int8.onnx").stat().st_size / 1e6, 2),
+        "size_mb": round((artifact / GRAPHS["int8"]).stat().st_size / 1e6, 2),
         "cell": {"provider": cell[0], "batch": cell[1], "seq": cell[2]},
     }
 
@@ -116,7 +118,7 @@ def select(points: list[dict], max_metric_drop: float | None) -> dict | None:
 
 def pareto_report(artifacts: list[tuple[str, Path]], failed: list[dict], max_metric_drop: float | None) -> dict:
     """The `pareto.json` content for (label, artifact folder) pairs and the runs that failed."""
-    reports = [json.loads((path / "report.json").read_text()) for _, path in artifacts]
+    reports = [json.loads((path / REPORT_JSON).read_text()) for _, path in artifacts]
     points = [artifact_point(path, label, r) for (label, path), r in zip(artifacts, reports, strict=True)]
     everything = [*dense_points(reports), *points] if points else []
     mark_front(everything)

@@ -1,4 +1,4 @@
-"""The speed stage: latency of dense vs compressed (fp32 and int8) in one ORT process, next to the FLOP bound."""
+"""The bench stage: latency of dense vs compressed (fp32 and int8) in one ORT process, next to the FLOP bound."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from pathlib import Path
 from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
 from pipeline.config.schema import BenchSettings
 from pipeline.models.folders import param_count
+from pipeline.stages.package import DENSE_GRAPHS, WORK
+from serving.artifact import CONFIG, GRAPHS, PYTORCH
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +19,7 @@ HEADLINE = (8, 128)  # batch x sequence the quality bars are stated at
 
 def model_shapes(model_dir: str | Path) -> dict:
     """Per-layer heads and FFN widths (from our per-layer config fields, else the uniform ones)."""
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = json.loads((Path(model_dir) / CONFIG).read_text())
     layers = cfg["num_hidden_layers"]
     return {
         "hidden": cfg["hidden_size"],
@@ -35,15 +37,15 @@ def flops(shapes: dict, seq: int) -> int:
     )
 
 
-def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> dict:
+def run(staging: str, teacher_dir: str, settings: BenchSettings) -> dict:
     """Benchmark dense and compressed graphs, compute FLOP bounds, and plot `latency.png` into `staging`."""
     staging_path = Path(staging)
-    dense, comp = model_shapes(teacher_dir), model_shapes(staging_path / "pytorch")
+    dense, comp = model_shapes(teacher_dir), model_shapes(staging_path / PYTORCH)
     models = {
-        "dense": staging_path / ".work" / "dense.onnx",
-        "dense-int8": staging_path / ".work" / "dense.int8.onnx",
-        "compressed": staging_path / "model.onnx",
-        "compressed-int8": staging_path / "model.int8.onnx",
+        "dense": staging_path / WORK / DENSE_GRAPHS["fp32"],
+        "dense-int8": staging_path / WORK / DENSE_GRAPHS["int8"],
+        "compressed": staging_path / GRAPHS["fp32"],
+        "compressed-int8": staging_path / GRAPHS["int8"],
     }
     result = benchmark(models, comp["vocab_size"], settings)
     ratios = speedups(result, "dense")
@@ -67,7 +69,7 @@ def measure_speed(staging: str, teacher_dir: str, settings: BenchSettings) -> di
         "headline": headline,
         "flops_per_sequence": {s: {"dense": flops(dense, s), "compressed": flops(comp, s)} for s in settings.seq_lens},
         "flop_bound": bounds,
-        "params": {"dense": param_count(teacher_dir), "compressed": param_count(staging_path / "pytorch")},
+        "params": {"dense": param_count(teacher_dir), "compressed": param_count(staging_path / PYTORCH)},
         "shapes": {"dense": dense, "compressed": comp},  # per-layer heads and FFN widths, the FLOPs' inputs
         "plot": plot.name,
     }

@@ -1,4 +1,4 @@
-"""The artifact folder: staged under a hidden name, published by one rename after every gate passed.
+"""The package stage: the artifact folder, staged under a hidden name, published by one rename after every gate.
 
 A staging folder is owned by the run that holds the exclusive lock on its `.lock` file beside it (taken before
 the folder exists, released by the kernel when the process dies): a run that was killed (SIGKILL, power loss)
@@ -25,23 +25,34 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from export.report import render_markdown
 from pipeline import interrupts
 from pipeline.cache import file_digest
+from pipeline.data.tasks import task_spec
 from pipeline.errors import PipelineError
+from pipeline.model_card import base_model_info, render_model_card
+from pipeline.models.folders import default_model_path
 from pipeline.paths import check_writable_dir
-from serving.artifact import MANIFEST, REPORT_JSON, REPORT_MD, TASK_KEY, ArtifactError, sign
+from pipeline.report import render_markdown
+from serving.artifact import (
+    CONFIG,
+    MANIFEST,
+    MODEL_CARD,
+    PYTORCH,
+    REPORT_JSON,
+    REPORT_MD,
+    TASK_KEY,
+    ArtifactError,
+    sign,
+)
 
 log = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".staging-"
+WORK = ".work"  # inside a staging folder: what the run needs but does not publish (the dense graphs)
+DENSE_STEM = "dense"
+DENSE_GRAPHS = {"fp32": f"{DENSE_STEM}.onnx", "int8": f"{DENSE_STEM}.int8.onnx"}  # in WORK, for the benchmark
 _held: dict[Path, int] = {}  # staging folder -> the descriptor holding its lock, for this process's live runs
 VERSIONED = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "prefect", "encoder-deploy")
-
-
-def check_output_dir(output_dir: str | Path) -> Path:
-    """The folder that receives artifact folders: it may not exist yet, but must be a folder this run can write."""
-    return check_writable_dir(output_dir, "output folder")
 
 
 def artifact_name(task: str, method: str, salt: str) -> str:
@@ -82,7 +93,7 @@ def remove_dead_stagings(output_dir: str | Path) -> list[Path]:
 def new_staging(output_dir: str | Path, name: str) -> Path:
     """Create and lock the hidden staging folder for artifact `name` inside `output_dir`, first removing the
     staging folders of killed runs."""
-    out = check_output_dir(output_dir)
+    out = check_writable_dir(output_dir, "output folder")
     out.mkdir(parents=True, exist_ok=True)
     remove_dead_stagings(out)
     staging = out / f"{STAGING_PREFIX}{name}"
@@ -90,7 +101,7 @@ def new_staging(output_dir: str | Path, name: str) -> Path:
     fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh name: nobody else waits on it
     _held[staging] = fd
     staging.mkdir()
-    (staging / ".work").mkdir()
+    (staging / WORK).mkdir()
     return staging
 
 
@@ -109,10 +120,15 @@ def discard(staging: str | Path) -> None:
 
 
 def versions() -> dict[str, str]:
+    """The versions that made the artifact. ONNX Runtime's is the imported module's own: onnxruntime-gpu installs
+    under another distribution name beside (or instead of) onnxruntime, whose version may be another one."""
+    import onnxruntime
+
     found = {"python": platform.python_version()}
     for dist in VERSIONED:
         with contextlib.suppress(metadata.PackageNotFoundError):
             found[dist] = metadata.version(dist)
+    found["onnxruntime"] = onnxruntime.__version__
     return found
 
 
@@ -129,15 +145,23 @@ def git_revision() -> str:
 def stamp_task(staging: str | Path, task: dict) -> None:
     """Write the task block into the artifact's config.json files (root: ONNX Runtime, Optimum, serving; pytorch/:
     transformers), so every consumer knows the labels and whether the model reads sentence pairs."""
-    for path in (Path(staging) / "config.json", Path(staging) / "pytorch" / "config.json"):
+    for path in (Path(staging) / CONFIG, Path(staging) / PYTORCH / CONFIG):
         if path.is_file():
             config = json.loads(path.read_text())
             path.write_text(json.dumps({**config, TASK_KEY: task}, indent=2, sort_keys=True) + "\n")
 
 
 def _task_block(staging: Path) -> dict | None:
-    path = staging / "config.json"
+    path = staging / CONFIG
     return json.loads(path.read_text()).get(TASK_KEY) if path.is_file() else None
+
+
+def _model_card(report: dict, staging: Path, inputs: dict, config: dict) -> str:
+    task = _task_block(staging) or {"name": report["task"], "labels": [], "pair": False}
+    spec = task_spec(config["task"], config.get("custom_task")) if "task" in config else None
+    default = str(default_model_path()) if inputs.get("model") else None
+    base = base_model_info(inputs.get("model"), default)
+    return render_model_card(report, task, base, spec.hf_dataset if spec else None)
 
 
 def published_name(staging: str | Path) -> str:
@@ -145,17 +169,18 @@ def published_name(staging: str | Path) -> str:
     return Path(staging).name.removeprefix(STAGING_PREFIX)
 
 
-def publish(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key: str | None = None) -> Path:
-    """Write report and manifest (and, with `sign_key`, the signature over every file), drop the work files, and
-    rename the staging folder into place."""
+def run(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key: str | None = None) -> Path:
+    """Write report, model card and manifest (and, with `sign_key`, the signature over every file), drop the work
+    files, and rename the staging folder into place."""
     staging = Path(staging)
     final = staging.parent / published_name(staging)
     if final.exists():
         raise PipelineError(f"artifact {final} already exists")
-    shutil.rmtree(staging / ".work", ignore_errors=True)
+    shutil.rmtree(staging / WORK, ignore_errors=True)
     report = {**report, "versions": versions(), "artifact": final.name}
     (staging / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str))
     (staging / REPORT_MD).write_text(render_markdown(report))
+    (staging / MODEL_CARD).write_text(_model_card(report, staging, inputs, config))
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {
         "artifact": final.name,

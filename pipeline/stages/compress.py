@@ -1,0 +1,111 @@
+"""The compress stage: the configured method, or each method of a chain, on a copy of the dense teacher."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.compress.context import StageContext
+from pipeline.compress.registry import Method, chain_configs
+from pipeline.config.schema import DeployConfig, MethodConfig
+from pipeline.data.encoding import encode_task
+from pipeline.data.loaders import DataRef, TaskData
+from pipeline.models.folders import load_tokenizer
+from pipeline.models.io import load_model, save_model
+from pipeline.stages import compact
+
+log = logging.getLogger(__name__)
+
+# Bump when a change alters what the stage produces, to invalidate its cache entries.
+COMPRESS_VERSION = "4"  # 4: training evaluates on the validation split carved from train (the data changed too)
+
+
+def run(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None) -> dict:
+    """Run the configured method, or each method of a chain, starting from a copy of the teacher.
+
+    Between two methods of a chain the model is compacted (exactly, or the run stops), so the next method starts
+    from the real smaller shapes. Every method's output and every intermediate compaction is cached on its own:
+    a chain that shares its first stages with an earlier run reuses them. The last output is not compacted here
+    (the `compact` stage does it into the artifact). `base_model` is the pre-trained folder, for a first method
+    that can start from it (SMP's verbalizer head). `none` returns the teacher itself.
+    """
+    chain = chain_configs(config)
+    if all(m.apply_path is None for m, _ in chain):
+        return {"path": teacher_dir, "cached": False, "method": config.method, "stages": []}
+    data = ref.load()
+    start, stages = teacher_dir, []
+    for i, (method, method_cfg) in enumerate(chain):
+        if i > 0:
+            start, hit = _compacted(stages[-1]["path"], ref, cache_dir, config.gates.compaction_atol, method_cfg)
+            stages[-1]["compacted"] = {"path": start, "cached": hit}
+        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base_model if i == 0 else None)
+        stages.append(out)
+    last = stages[-1]
+    return {
+        **last,
+        "cached": all(s["cached"] for s in stages),
+        "method": config.method,
+        "stages": stages,
+        "ran_on": f"{socket.gethostname()} pid {os.getpid()}",  # a sweep's runs train on Dask workers
+    }
+
+
+def _compress_one(
+    method: Method,
+    method_cfg: MethodConfig,
+    teacher_dir: str,
+    start_dir: str,
+    data: TaskData,
+    cache_dir: str,
+    base_model: str | None,
+) -> dict:
+    """One method on a copy of the model in `start_dir` (the teacher, or the previous method's compacted
+    output), with the dense teacher for distillation; cached."""
+    key = key_of(
+        stage="compress",
+        v=COMPRESS_VERSION,
+        teacher=dir_digest(Path(teacher_dir)),
+        start=dir_digest(Path(start_dir)) if start_dir != teacher_dir else None,
+        data=data.fingerprint,
+        method=method.name,
+        cfg=method_cfg.model_dump(),
+        base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
+    )
+
+    def build(out: Path) -> None:
+        tokenizer = load_tokenizer(teacher_dir)
+        teacher = load_model(teacher_dir)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        train_enc, val_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
+        ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model)
+        began = time.perf_counter()
+        # a fresh copy: it must not share the teacher's tensors or inherit its freeze
+        student = (copy.deepcopy(teacher) if start_dir == teacher_dir else load_model(start_dir)).requires_grad_(True)
+        model = method.apply(student, method_cfg, ctx)
+        ctx.report["seconds"] = round(time.perf_counter() - began, 1)
+        save_model(model, tokenizer, out)
+        write_report(out, ctx.report)
+
+    path, hit = cached_build(Path(cache_dir), "compressed", key, build)
+    log.info("compress (%s): %s (%s)", method.name, path, "cached" if hit else "computed now")
+    return {"path": str(path), "cached": hit, "method": method.name, **read_report(path)}
+
+
+def _compacted(
+    compressed_dir: str, ref: DataRef, cache_dir: str, atol: float, next_cfg: MethodConfig
+) -> tuple[str, bool]:
+    """The compacted copy of a chain's intermediate output (the next method's starting point), cached."""
+    max_length = next_cfg.train.max_length
+    key = key_of(stage="compacted", src=dir_digest(Path(compressed_dir)), atol=atol, max_length=max_length)
+
+    def build(out: Path) -> None:
+        write_report(out, compact.run(compressed_dir, ref, str(out), atol, max_length))
+
+    path, hit = cached_build(Path(cache_dir), "compacted", key, build)
+    return str(path), hit
