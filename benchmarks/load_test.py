@@ -198,26 +198,17 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "serving",
-        str(args.artifact),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--precision",
-        args.precision,
-        "--max-batch",
-        str(args.max_batch),
-        "--max-wait-ms",
-        str(args.max_wait_ms),
-        "--max-queue",
-        str(max(256, 2 * args.concurrency)),
-    ]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
+    options = ["--precision", args.precision, "--max-batch", str(args.max_batch),
+               "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(max(256, 2 * args.concurrency))]  # fmt: skip
+    return launch_server(args.artifact, options, args.threads, log)
+
+
+def launch_server(artifact: Path, options: list[str], threads: int | None, log: Path) -> tuple[subprocess.Popen, str]:
+    """`python -m serving ARTIFACT OPTIONS` on a free loopback port; returns the process and its URL once it
+    listens (the script exits with one line if it does not start)."""
+    cmd = [sys.executable, "-m", "serving", str(artifact), "--host", "127.0.0.1", "--port", "0", *options]
+    if threads:
+        cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, "PYTHONPATH": str(ROOT)}
     )

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,7 +28,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_test import DEFAULT_TEXTS, ROOT, Connection, _run, artifact_columns, body_of
+from load_test import DEFAULT_TEXTS, Connection, _run, artifact_columns, body_of, launch_server
 
 PROBE = "a warm , funny film"
 
@@ -52,26 +50,11 @@ def large_body(items: int, chars: int, pair: bool) -> bytes:
 def start_server(args: argparse.Namespace, body_bytes: int, log: Path) -> tuple[subprocess.Popen, str]:
     """`python -m serving` on a free loopback port, taking bodies of `body_bytes`; returns the process and its URL
     once it listens."""
-    cmd = [sys.executable, "-m", "serving", str(args.artifact), "--host", "127.0.0.1", "--port", "0",
-           "--precision", args.precision, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-           "--max-batch-tokens", str(args.max_batch_tokens),
-           "--max-items", str(args.items), "--max-text-chars", str(args.chars),
-           "--max-body-bytes", str(max(1 << 20, body_bytes))]  # fmt: skip
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log.open("wb"), env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        found = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
-        if found:
-            return proc, found.group(1)
-        if proc.poll() is not None:
-            sys.exit(f"error: the server exited: {log.read_text().strip()}")
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("error: the server did not start within 300 s")
+    options = ["--precision", args.precision, "--max-batch", str(args.max_batch),
+               "--max-wait-ms", str(args.max_wait_ms), "--max-batch-tokens", str(args.max_batch_tokens),
+               "--max-items", str(args.items),
+               "--max-text-chars", str(args.chars), "--max-body-bytes", str(max(1 << 20, body_bytes))]  # fmt: skip
+    return launch_server(args.artifact, options, args.threads, log)
 
 
 async def probe(conn: Connection, body: bytes, n: int, duration: float) -> tuple[list[float], int]:

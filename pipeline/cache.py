@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from serving.artifact import sha256
+
 log = logging.getLogger(__name__)
 
 DONE = ".complete"
@@ -35,20 +37,12 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with Path(path).open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def dir_digest(folder: Path) -> str:
     """sha256 over the relative names and contents of every file in `folder`."""
     folder = Path(folder)
     h = hashlib.sha256()
     for p in sorted(x for x in folder.rglob("*") if x.is_file() and x.name != DONE):
-        h.update(str(p.relative_to(folder)).encode() + b"\0" + file_digest(p).encode())
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + sha256(p).encode())
     return h.hexdigest()
 
 

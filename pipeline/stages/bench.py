@@ -10,7 +10,7 @@ from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
 from pipeline.config.schema import BenchSettings
 from pipeline.models.folders import param_count
 from pipeline.stages.package import DENSE_GRAPHS, WORK
-from serving.artifact import CONFIG, GRAPHS, PYTORCH
+from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def run(staging: str, teacher_dir: str, settings: BenchSettings) -> dict:
         if r["model"].startswith("compressed") and not r["model"].endswith("int8"):
             r["flop_bound"] = bounds[r["seq"]]
             r["fraction_of_bound"] = r["speedup_p50"] / bounds[r["seq"]]
-    plot = plot_latency(result, staging_path / "latency.png", title="ONNX Runtime latency: dense vs compressed")
+    plot = plot_latency(result, staging_path / LATENCY_PLOT, title="ONNX Runtime latency: dense vs compressed")
     vs_int8 = {
         (r["provider"], r["batch"], r["seq"], r["model"]): r["speedup_p50"] for r in speedups(result, "dense-int8")
     }

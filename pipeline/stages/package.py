@@ -26,7 +26,6 @@ from importlib import metadata
 from pathlib import Path
 
 from pipeline import interrupts
-from pipeline.cache import file_digest
 from pipeline.data.tasks import task_spec
 from pipeline.errors import PipelineError
 from pipeline.model_card import base_model_info, render_model_card
@@ -42,6 +41,7 @@ from serving.artifact import (
     REPORT_MD,
     TASK_KEY,
     ArtifactError,
+    sha256,
     sign,
 )
 
@@ -185,7 +185,7 @@ def run(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key:
     manifest = {
         "artifact": final.name,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": {str(p.relative_to(staging)): file_digest(p) for p in files},
+        "files": {str(p.relative_to(staging)): sha256(p) for p in files},
         "versions": report["versions"],
         "git_revision": git_revision(),
         "inputs": inputs,
