@@ -284,13 +284,19 @@ def speedups(result: dict, baseline: str = "dense") -> list[dict]:
 
 
 def encoder_flops(
-    hidden: int, heads_per_layer: list[int], head_dim: int, ffn_per_layer: list[int], seq: int, num_labels: int = 2
+    hidden: int,
+    heads_per_layer: list[int],
+    head_dim: int,
+    ffn_per_layer: list[int],
+    seq: int,
+    num_labels: int = 2,
+    ffn_matrices: int = 2,
 ) -> int:
     """FLOPs (2 x multiply-accumulates) of one sequence through the encoder's matmuls.
 
     Per layer and token: Q, K, V (3*hidden*heads*head_dim), attention scores and
     context (2*seq*heads*head_dim), output projection (heads*head_dim*hidden) and
-    FFN (2*hidden*ffn); plus pooler (hidden*hidden) and classifier
+    FFN (2*hidden*ffn, 3*hidden*ffn when gated: `ffn_matrices`); plus pooler (hidden*hidden) and classifier
     (hidden*num_labels) once per sequence. Embedding lookups, biases, softmax,
     layernorm and GELU are not counted.
     """
@@ -299,7 +305,7 @@ def encoder_flops(
     macs = 0
     for heads, ffn in zip(heads_per_layer, ffn_per_layer, strict=True):
         attn = heads * head_dim
-        macs += seq * (3 * hidden * attn + 2 * seq * attn + attn * hidden + 2 * hidden * ffn)
+        macs += seq * (3 * hidden * attn + 2 * seq * attn + attn * hidden + ffn_matrices * hidden * ffn)
     macs += hidden * hidden + hidden * num_labels
     return 2 * macs
 

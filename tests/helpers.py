@@ -101,6 +101,63 @@ def tiny_model(
     return (RobertaForMaskedLM if masked_lm else RobertaForSequenceClassification)(cfg).eval()
 
 
+# Every supported family, as a tiny random classifier: 3 layers of 3 heads (odd), hidden 36 (not a multiple of 64),
+# FFN 40; ModernBERT's FFN is gated and its layers alternate global and local (window 8) attention.
+FAMILY_KINDS = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "mpnet")
+BYTE_LEVEL_KINDS = ("roberta", "xlm-roberta")
+
+
+def tiny_family_model(
+    kind: str, layers: int = 3, heads: int = 3, hidden: int = 36, ffn: int = 40, seed: int = 0, num_labels: int = 2
+):
+    """A random `*ForSequenceClassification` of family `kind` (one of FAMILY_KINDS), in eval mode."""
+    import transformers as hf
+
+    torch.manual_seed(seed)
+    labels = dict(num_labels=num_labels, id2label={i: f"LABEL_{i}" for i in range(num_labels)})
+    common = dict(vocab_size=VOCAB, initializer_range=0.2, max_position_embeddings=160, **labels)
+    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn)
+    if kind == "distilbert":
+        cfg = hf.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=ffn, **common)
+    elif kind == "modernbert":
+        ids = dict(pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)
+        cfg = hf.ModernBertConfig(
+            **shape, **common, **ids, local_attention=8, global_attn_every_n_layers=2, attention_bias=True
+        )
+    elif kind == "deberta-v2":
+        rel = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16, share_att_key=False)
+        cfg = hf.DebertaV2Config(**shape, **common, **rel, type_vocab_size=0, norm_rel_ebd="layer_norm")
+    else:
+        extra = {
+            "bert": {},
+            "electra": {"embedding_size": 24},  # its own embedding projection
+            "mpnet": {"pad_token_id": 0},
+            "roberta": {"pad_token_id": 1, "type_vocab_size": 1},
+            "xlm-roberta": {"pad_token_id": 1, "type_vocab_size": 1},
+        }[kind]
+        cfg = hf.AutoConfig.for_model(kind, **shape, **common, **extra)
+    return hf.AutoModelForSequenceClassification.from_config(cfg).eval()
+
+
+def tiny_family_tokenizer(kind: str):
+    """The sample-trained tokenizer a tiny `kind` model reads: byte-level BPE for RoBERTa's kinds, else WordPiece,
+    without token type ids where the family takes none."""
+    from pipeline.models.families import family_for
+
+    tokenizer = tiny_tokenizer("roberta" if kind in BYTE_LEVEL_KINDS else "bert")
+    if not family_for(kind).token_types:
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    return tokenizer
+
+
+def write_tiny_family_dir(path: str | Path, kind: str, **kwargs) -> Path:
+    """A tiny classifier folder of family `kind` with its tokenizer."""
+    path = Path(path)
+    tiny_family_model(kind, **kwargs).save_pretrained(str(path))
+    tiny_family_tokenizer(kind).save_pretrained(str(path))
+    return path
+
+
 def write_tiny_model_dir(path: str | Path, kind: str = "bert", classifier: bool = True, **kwargs) -> Path:
     """Save a tiny model + tokenizer folder; `classifier=False` saves the bare encoder, like a hub base model."""
     path = Path(path)

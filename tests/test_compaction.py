@@ -39,7 +39,7 @@ def test_uncompacted_fused_model_round_trips_with_its_scale(tmp_path):
     fuse_(model, MlpFusionConfig(ratio=0.25))
     save_model(model, None, tmp_path)
     reloaded = load_model(tmp_path)
-    assert torch.equal(encoder_layers(reloaded)[0].intermediate.scale, encoder_layers(model)[0].intermediate.scale)
+    assert torch.equal(encoder_layers(reloaded)[0].output.dense.scale, encoder_layers(model)[0].output.dense.scale)
     assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
@@ -93,12 +93,13 @@ def test_declared_widths_that_disagree_with_weights_fail(tmp_path):
 
 def test_fewer_heads_reload_at_their_size(tmp_path):
     """Per-layer head counts (for the pruning methods) reload without prune_heads."""
+    from pipeline.models.families import family_of
     from pipeline.models.layers import resize_heads_
 
     model = tiny_model("bert")
     layer = encoder_layers(model)[0]
     old_q = layer.attention.self.query.weight.detach().clone()
-    resize_heads_(layer, 1)
+    resize_heads_(family_of(model), layer, 1)
     torch.manual_seed(1)
     att = layer.attention
     for lin in (att.self.query, att.self.key, att.self.value, att.output.dense):

@@ -9,7 +9,7 @@ from torch import nn
 from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.mlp_fusion.stage import fuse_, fused_layers, layerwise_mse
 from pipeline.errors import PipelineError
-from pipeline.models.layers import ScaledIntermediate, encoder_layers, ffn_widths
+from pipeline.models.layers import ScaledLinear, encoder_layers, ffn_widths
 from tests.helpers import tiny_model
 
 
@@ -29,7 +29,7 @@ def test_full_width_fusion_is_identity(kind):
     after = model(**_inputs()).logits
     assert report["widths"] == {0: 64, 1: 64}
     for layer in encoder_layers(model):
-        assert torch.equal(layer.intermediate.scale, torch.ones(64))  # every cluster is one neuron
+        assert torch.equal(layer.output.dense.scale, torch.ones(64))  # every cluster is one neuron
     assert torch.allclose(before, after, atol=1e-5)
 
 
@@ -37,8 +37,8 @@ def test_fusion_shrinks_only_chosen_layers():
     model = tiny_model("bert", layers=3)
     report = fuse_(model, MlpFusionConfig(ratio=0.25, layers=[1]))
     assert ffn_widths(model) == [64, 16, 64]
-    assert isinstance(encoder_layers(model)[1].intermediate, ScaledIntermediate)
-    assert int(encoder_layers(model)[1].intermediate.scale.sum()) == 64  # cluster sizes add up to the old width
+    assert isinstance(encoder_layers(model)[1].output.dense, ScaledLinear)
+    assert int(encoder_layers(model)[1].output.dense.scale.sum()) == 64  # cluster sizes add up to the old width
     assert report["layers"] == [1]
 
 
@@ -67,7 +67,7 @@ def test_standalone_p_trains_like_replicated_full_width_mlp():
     fc1, fc2 = nn.Linear(d, k).double(), nn.Linear(k, d).double()
     with torch.no_grad():
         fc1.weight.copy_(w1), fc1.bias.copy_(b1), fc2.weight.copy_(w2), fc2.bias.copy_(b2)
-    fused = nn.Sequential(ScaledIntermediate(fc1, nn.GELU(), counts), fc2)
+    fused = nn.Sequential(fc1, nn.GELU(), ScaledLinear(fc2, counts))
 
     rep1, rep2 = nn.Linear(d, width).double(), nn.Linear(width, d).double()
     with torch.no_grad():  # replicate every centroid to each member neuron (untied copies)

@@ -156,4 +156,4 @@ def test_config_bad_inputs_are_one_line():
     with pytest.raises(PipelineError, match=r"initial_sparsity 0\.7 is above the target"):
         parse(GmpConfig, {"sparsity": 0.5, "initial_sparsity": 0.7}, "gmp config")
     with pytest.raises(PipelineError, match="block 32x32 does not divide the FFN"):
-        MaskConfig(ffn="block", attention="none").check_shapes({"hidden_size": 64, "intermediate_size": 48})
+        MaskConfig(ffn="block", attention="none").check_shapes(64, 48)

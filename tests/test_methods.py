@@ -1,5 +1,6 @@
-"""Every registered method, in-process on a tiny model: it applies, leaves no training wrapper behind, returns the
-model on the CPU, compacts exactly and reloads exactly at its per-layer shapes. The same matrix runs on CUDA where
+"""Every registered method, in-process on a tiny model (BERT; every other family under `e2e`, for time): it
+applies, leaves no training wrapper behind, returns the model on the CPU, compacts exactly and reloads exactly at
+its per-layer shapes. The same matrix runs on CUDA where
 there is a GPU (`gpu` marker): a method whose loss closes over the teacher must still see it on the training
 device."""
 
@@ -16,7 +17,7 @@ from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import get_task
 from pipeline.models.io import load_model, save_model
-from tests.helpers import sample_logits, tiny_model, tiny_tokenizer
+from tests.helpers import FAMILY_KINDS, sample_logits, tiny_family_model, tiny_family_tokenizer, tiny_model
 
 TINY_TRAIN = {"max_steps": 4, "batch_size": 16, "epochs": 10}
 # the smallest budget of each method that still runs every one of its phases
@@ -34,21 +35,34 @@ def test_every_registered_method_is_in_the_matrix():
     assert sorted(MATRIX) == sorted(m.name for m in methods())
 
 
-def _context():
+def _context(kind: str):
     data = load_task_data("sst2", source="sample", max_train=96, max_dev=32)
-    train_enc, val_enc = encode_task(tiny_tokenizer("bert"), data, 32)
-    teacher = tiny_model("bert", layers=2).requires_grad_(False)
+    train_enc, val_enc = encode_task(tiny_family_tokenizer(kind), data, 32)
+    teacher = (tiny_model("bert", layers=2) if kind == "bert" else tiny_family_model(kind, layers=2)).requires_grad_(
+        False
+    )
     return StageContext(teacher=teacher, train=train_enc, validation=val_enc, task=get_task("sst2"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", sorted(MATRIX))
 def test_method_applies_compacts_and_reloads_exactly(name, device, tmp_path):
+    _check_method(name, device, "bert", tmp_path)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", sorted(set(MATRIX) - {"none"}))
+@pytest.mark.parametrize("kind", [k for k in FAMILY_KINDS if k != "bert"])
+def test_method_on_every_family(name, kind, tmp_path):
+    _check_method(name, "cpu", kind, tmp_path)
+
+
+def _check_method(name: str, device: str, kind: str, tmp_path) -> None:
     method = next(m for m in methods() if m.name == name)
     settings = copy.deepcopy(MATRIX[name])
     settings["train"] = {**TINY_TRAIN, **settings.get("train", {}), "device": device}
     cfg = method.config_cls.model_validate(settings)
-    ctx = _context()
+    ctx = _context(kind)
     model = copy.deepcopy(ctx.teacher).requires_grad_(True)  # a trainable copy, as the compress stage loads it
     model = method.apply(model, cfg, ctx)
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())
@@ -58,5 +72,5 @@ def test_method_applies_compacts_and_reloads_exactly(name, device, tmp_path):
     compact_(model)
     after = sample_logits(model)
     assert torch.allclose(after, before, atol=1e-5)
-    save_model(model, tiny_tokenizer("bert"), tmp_path / "saved")
+    save_model(model, tiny_family_tokenizer(kind), tmp_path / "saved")
     assert torch.equal(sample_logits(load_model(tmp_path / "saved")), after)

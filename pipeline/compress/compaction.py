@@ -2,12 +2,13 @@
 
 - MLP Fusion's constant scaling P is folded into W2 (`W2[:, j] *= P_j`): same forward pass, plain Linear.
 - An FFN neuron whose W2 column is all zero contributes nothing and is removed.
-- A neuron whose W1 row is all zero emits the constant act(b1_j) * W2[:, j]; that constant moves into b2
-  and the neuron is removed.
+- A neuron whose W1 row is all zero emits the constant act(b1_j) * W2[:, j] (gated: act(b_in_j) b_gate_j W2[:, j]);
+  that constant moves into b2 and the neuron is removed.
 - An attention head whose W_O columns are all zero contributes nothing and is removed.
 - A head whose W_V rows are all zero has the same value vector b_V[h] at every key; its attention weights sum
   to 1, so it outputs b_V[h] whatever Q and K are. W_O[:, h] b_V[h] moves into b_O and the head is removed.
-  A layer left with no head gets `HeadlessAttention` (LayerNorm(b_O + x)).
+  A layer left with no head gets `HeadlessAttention` (LayerNorm(b_O + x), or b_O where the block adds the residual).
+Every family goes through the same code: its adapter says where the units live (`pipeline.models.families`).
 The result has real per-layer widths, which `pipeline.models.io.save_model` records and `load_model` rebuilds.
 
 Cutting a model to a shape (a subset of its layers, each narrowed to its most important heads and neurons) goes
@@ -22,98 +23,104 @@ import copy
 import torch
 from torch import nn
 
+from pipeline.models.families import Family, family_of
 from pipeline.models.layers import (
-    HeadlessAttention,
-    Intermediate,
-    ScaledIntermediate,
+    ScaledLinear,
     encoder_layers,
     ffn_widths,
     head_counts,
-    new_linear,
+    head_readers,
+    keep_heads_,
+    keep_neurons_,
+    neuron_constants,
 )
 
 
+def _at(block: nn.Module, path: str) -> nn.Linear:
+    return block.get_submodule(path)
+
+
 @torch.no_grad()
-def fold_scale_(layer: nn.Module) -> bool:
-    """Fold a ScaledIntermediate's constant into the next linear layer; True if there was one."""
-    inter = layer.intermediate
-    if not isinstance(inter, ScaledIntermediate):
+def fold_scale_(family: Family, layer: nn.Module) -> bool:
+    """Fold a ScaledLinear's constant into its weight (`W2[:, j] *= P_j`); True if there was one."""
+    path = family.ffn_writer.path
+    fc2 = _at(layer, path)
+    if not isinstance(fc2, ScaledLinear):
         return False
-    layer.output.dense.weight.mul_(inter.scale.to(layer.output.dense.weight.dtype)[None, :])
-    layer.intermediate = Intermediate(inter.dense, inter.intermediate_act_fn)
+    fc2.weight.mul_(fc2.scale.to(fc2.weight.dtype)[None, :])
+    plain = nn.Linear(fc2.in_features, fc2.out_features, bias=fc2.bias is not None, device="meta")
+    plain.weight, plain.bias = fc2.weight, fc2.bias  # the same Parameters, now without the scale
+    parent, _, attr = path.rpartition(".")
+    setattr(layer.get_submodule(parent), attr, plain)
     return True
 
 
 @torch.no_grad()
-def drop_dead_neurons_(layer: nn.Module) -> int:
-    """Remove FFN neurons with an all-zero W2 column or W1 row (folding the latter's constant into b2)."""
-    fc1, fc2, act = layer.intermediate.dense, layer.output.dense, layer.intermediate.intermediate_act_fn
+def drop_dead_neurons_(family: Family, layer: nn.Module) -> int:
+    """Remove FFN neurons with an all-zero W2 column or all-zero input rows (folding the latter's constant into b2).
+
+    A gated neuron's input rows are its up-projection and gate rows; its constant is act(b_in) * b_gate. Without
+    an output bias a non-zero constant has nowhere to go, so such a neuron stays.
+    """
+    fc2 = _at(layer, family.ffn_writer.path)
     silent = (fc2.weight == 0).all(dim=0)
-    constant = (fc1.weight == 0).all(dim=1) & ~silent
+    constant = ~silent
+    for m in family.ffn_readers:
+        w = _at(layer, m.path).weight
+        constant &= (w.view(m.segments, -1, w.shape[1]) == 0).all(dim=2).all(dim=0)
     if constant.any():
-        fc2.bias.add_(fc2.weight[:, constant] @ act(fc1.bias[constant]))
+        values = neuron_constants(family, layer, constant)
+        if fc2.bias is not None:
+            fc2.bias.add_(fc2.weight[:, constant] @ values)
+        elif (values != 0).any():
+            constant[constant.clone()] = values == 0
     keep = ~(silent | constant)
     if keep.all():
         return 0
-    new_fc1 = new_linear(fc1.in_features, int(keep.sum()), fc1.weight.dtype)
-    new_fc2 = new_linear(int(keep.sum()), fc2.out_features, fc2.weight.dtype)
-    new_fc1.weight.copy_(fc1.weight[keep])
-    new_fc1.bias.copy_(fc1.bias[keep])
-    new_fc2.weight.copy_(fc2.weight[:, keep])
-    new_fc2.bias.copy_(fc2.bias)
-    layer.intermediate.dense, layer.output.dense = new_fc1, new_fc2
+    keep_neurons_(family, layer, keep)
     return int((~keep).sum())
 
 
 @torch.no_grad()
-def drop_dead_heads_(layer: nn.Module) -> int:
+def drop_dead_heads_(family: Family, layer: nn.Module) -> int:
     """Remove heads with all-zero W_O columns or all-zero W_V rows (folding the latter's W_O b_V into b_O).
 
     The fold is exact in eval mode without `head_mask` (attention weights then sum to 1 over the keys).
     Kept heads keep their size d, so the softmax scale 1/sqrt(d) is unchanged.
     """
-    if isinstance(layer.attention, HeadlessAttention):
+    n = family.heads(layer)
+    if n == 0:
         return 0
-    att, out = layer.attention.self, layer.attention.output.dense
-    n, d = att.num_attention_heads, att.attention_head_size
+    d = family.head_size(layer)
+    out = _at(layer, family.head_writer.path)
+    path, segment = family.value
+    value = _at(layer, path)
+    segments = next(m.segments for m in head_readers(family, layer) if m.path == path)
     silent = (out.weight.reshape(out.out_features, n, d) == 0).all(dim=2).all(dim=0)
-    constant = (att.value.weight.reshape(n, d, -1) == 0).all(dim=2).all(dim=1) & ~silent
+    constant = (value.weight.view(segments, n, d, -1)[segment] == 0).all(dim=2).all(dim=1) & ~silent
     if constant.any():
         cols = constant.repeat_interleave(d)
-        out.bias.add_(out.weight[:, cols] @ att.value.bias[cols])
+        if value.bias is None:
+            pass  # V = 0 and no bias: the head outputs zeros
+        elif out.bias is not None:
+            out.bias.add_(out.weight[:, cols] @ value.bias.view(segments, -1)[segment][cols])
+        else:  # a bias to carry and no output bias to carry it: the head stays
+            constant &= False
     keep = ~(silent | constant)
-    if keep.all():
-        return 0
-    if not keep.any():
-        layer.attention = HeadlessAttention.replacing(layer.attention)
-        return n
-    rows = keep.repeat_interleave(d)
-    for name in ("query", "key", "value"):
-        setattr(att, name, _linear(getattr(att, name).weight[rows], getattr(att, name).bias[rows]))
-    layer.attention.output.dense = _linear(out.weight[:, rows], out.bias)
-    att.num_attention_heads = int(keep.sum())
-    att.all_head_size = att.num_attention_heads * d
-    return n - att.num_attention_heads
-
-
-@torch.no_grad()
-def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
-    """A new nn.Linear holding copies of `weight` ([out, in]) and `bias`."""
-    lin = new_linear(weight.shape[1], weight.shape[0], weight.dtype).to(weight.device)
-    lin.weight.copy_(weight)
-    lin.bias.copy_(bias)
-    return lin
+    keep_heads_(family, layer, keep)
+    return n - family.heads(layer)
 
 
 def compact_(model: nn.Module) -> dict:
     """Compact `model` in place and report what changed per layer."""
+    family = family_of(model)
     before, heads_before = ffn_widths(model), head_counts(model)
     folded, removed, removed_heads = [], [], []
     for i, layer in enumerate(encoder_layers(model)):
-        if fold_scale_(layer):
+        if fold_scale_(family, layer):
             folded.append(i)
-        removed.append(drop_dead_neurons_(layer))
-        removed_heads.append(drop_dead_heads_(layer))
+        removed.append(drop_dead_neurons_(family, layer))
+        removed_heads.append(drop_dead_heads_(family, layer))
     return {
         "folded_scale_layers": folded,
         "ffn_widths_before": before,
@@ -152,20 +159,24 @@ def narrow_(model: nn.Module, heads: int | None, ffn: int | None) -> dict:
     columns for a head; the W1 row and W2 column for a neuron). The others lose their output weights, which
     makes them provably dead, and compaction removes them: one removal path for every method.
     """
+    family = family_of(model)
     for layer in encoder_layers(model):
-        att = layer.attention.self
-        d, n_heads = att.attention_head_size, att.num_attention_heads
-        out = layer.attention.output.dense.weight
+        n_heads = family.heads(layer)
         if heads is not None and heads < n_heads:
+            d = family.head_size(layer)
             reads = sum(
-                getattr(att, m).weight.view(n_heads, d, -1).pow(2).sum((1, 2)) for m in ("query", "key", "value")
+                _at(layer, m.path).weight.view(m.segments, n_heads, d, -1).pow(2).sum((0, 2, 3))
+                for m in head_readers(family, layer)
             )
+            out = _at(layer, family.head_writer.path).weight
             writes = out.view(out.shape[0], n_heads, d).pow(2).sum((0, 2))
             drop = (reads.sqrt() * writes.sqrt()).argsort()[: n_heads - heads]
             out.view(out.shape[0], n_heads, d)[:, drop] = 0
-        w1, w2 = layer.intermediate.dense.weight, layer.output.dense.weight
-        if ffn is not None and ffn < w1.shape[0]:
-            drop = (w1.norm(dim=1) * w2.norm(dim=0)).argsort()[: w1.shape[0] - ffn]
+        w2 = _at(layer, family.ffn_writer.path).weight
+        if ffn is not None and ffn < w2.shape[1]:
+            (m,) = family.ffn_readers  # a gated neuron reads two rows: its norm is over both
+            w1 = _at(layer, m.path).weight.view(m.segments, w2.shape[1], -1).transpose(0, 1).reshape(w2.shape[1], -1)
+            drop = (w1.norm(dim=1) * w2.norm(dim=0)).argsort()[: w2.shape[1] - ffn]
             w2[:, drop] = 0
     return compact_(model)
 
@@ -174,7 +185,6 @@ def cut_from(teacher: nn.Module, keep: list[int], heads: int | None, ffn: int | 
     """A copy of `teacher` with only the layers `keep`, each narrowed to `heads` heads and `ffn` neurons when given
     (by `narrow_`, compacted); returns it and the compaction report (None when nothing was narrowed)."""
     model = copy.deepcopy(teacher)
-    model.base_model.encoder.layer = nn.ModuleList([encoder_layers(model)[i] for i in keep])
-    model.config.num_hidden_layers = len(keep)
+    family_of(model).set_layers_(model, [encoder_layers(model)[i] for i in keep])
     report = narrow_(model, heads, ffn) if heads is not None or ffn is not None else None
     return model, report

@@ -28,16 +28,8 @@ from torch import nn
 from pipeline.compress.selection import kept_count, ste_topk, topk_mask
 from pipeline.config.schema import Allocation, AttentionGranularity, FfnGranularity, MaskConfig, UnitCounts
 from pipeline.errors import PipelineError
-from pipeline.models.layers import encoder_layers, new_linear
-
-# Matrix names inside a BERT/RoBERTa block, and their kinds for per-type allocation.
-ATTENTION_MATRICES = {
-    "query": "attention.self.query",
-    "key": "attention.self.key",
-    "value": "attention.self.value",
-    "attn_out": "attention.output.dense",
-}
-FFN_MATRICES = {"ffn_in": "intermediate.dense", "ffn_out": "output.dense"}
+from pipeline.models.families import family_of
+from pipeline.models.layers import ScaledLinear, encoder_layers, head_readers, new_linear
 
 
 @dataclass(frozen=True)
@@ -47,10 +39,11 @@ class Layout:
     kind: Literal["full", "rows", "cols", "blocks"]
     size: int = 1  # rows (or cols) per unit
     block: tuple[int, int] = (1, 1)
+    segments: int = 1  # row blocks that each hold every unit (a fused QKV: 3; a gated FFN input: 2)
 
     def expand(self, m: torch.Tensor) -> torch.Tensor:
         if self.kind == "rows":
-            return m.repeat_interleave(self.size)[:, None]
+            return m.repeat_interleave(self.size).repeat(self.segments)[:, None]
         if self.kind == "cols":
             return m.repeat_interleave(self.size)[None, :]
         if self.kind == "blocks":
@@ -61,7 +54,7 @@ class Layout:
         """Sum of |w| per unit (for magnitude scores), in the shape of the group's scores."""
         a = w.detach().abs()
         if self.kind == "rows":
-            return a.view(-1, self.size, a.shape[1]).sum((1, 2))
+            return a.view(self.segments, -1, self.size, a.shape[1]).sum((0, 2, 3))
         if self.kind == "cols":
             return a.view(a.shape[0], -1, self.size).sum((0, 2))
         if self.kind == "blocks":
@@ -75,6 +68,8 @@ class MaskedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
+        if isinstance(linear, ScaledLinear):
+            raise PipelineError("cannot mask a scaled FFN layer: compact the model first (folds the scale)")
         self.weight = linear.weight
         self.bias = linear.bias
         self.gates: list[tuple[MaskGroup, Layout]] = []
@@ -161,12 +156,13 @@ class Masker:
         attention: AttentionGranularity = "head",
         block: tuple[int, int] = (32, 32),
     ) -> Masker:
-        """Wrap the encoder's six linear matrices per layer (those with a granularity) and create the scores.
+        """Wrap the encoder's linear matrices per layer (those with a granularity) and create the scores.
 
         Scores start at 0 (the SMP code's constant init); methods overwrite them (GMP: magnitudes).
         """
         groups: list[MaskGroup] = []
         wrappers: dict[str, MaskedLinear] = {}
+        family = family_of(model)
         for i, layer in enumerate(encoder_layers(model)):
 
             def wrap(path: str, layer: nn.Module = layer, i: int = i) -> MaskedLinear:
@@ -187,25 +183,28 @@ class Masker:
                     lin.gates.append((group, layout))
                 groups.append(group)
 
-            if not hasattr(layer.attention, "self"):
+            readers, writer = head_readers(family, layer), family.head_writer
+            if family.heads(layer) == 0:
                 pass  # a compacted layer without heads (HeadlessAttention): no attention matrices to mask
             elif attention == "head":
-                att = layer.attention.self
-                d, heads = att.attention_head_size, att.num_attention_heads
-                members = [(wrap(ATTENTION_MATRICES[k]), Layout("rows", d)) for k in ("query", "key", "value")]
-                members.append((wrap(ATTENTION_MATRICES["attn_out"]), Layout("cols", d)))
+                d, heads = family.head_size(layer), family.heads(layer)
+                members = [(wrap(m.path), Layout("rows", d, segments=m.segments)) for m in readers]
+                members.append((wrap(writer.path), Layout("cols", d)))
                 new_group("heads", "head", (heads,), members)
             elif attention != "none":
-                for kind, path in ATTENTION_MATRICES.items():
-                    lin = wrap(path)
-                    new_group(kind, kind, *_matrix_grid(lin, attention, block, f"layer {i} {path}"))
+                for m in [*readers, writer]:
+                    lin = wrap(m.path)
+                    new_group(m.kind, m.kind, *_matrix_grid(lin, attention, block, f"layer {i} {m.path}"))
             if ffn == "neuron":
-                fc1, fc2 = wrap(FFN_MATRICES["ffn_in"]), wrap(FFN_MATRICES["ffn_out"])
-                new_group("ffn", "neuron", (fc1.weight.shape[0],), [(fc1, Layout("rows")), (fc2, Layout("cols"))])
+                (m,) = family.ffn_readers
+                fc1, fc2 = wrap(m.path), wrap(family.ffn_writer.path)
+                width = fc2.weight.shape[1]
+                members = [(fc1, Layout("rows", segments=m.segments)), (fc2, Layout("cols"))]
+                new_group("ffn", "neuron", (width,), members)
             elif ffn != "none":
-                for kind, path in FFN_MATRICES.items():
-                    lin = wrap(path)
-                    new_group(kind, kind, *_matrix_grid(lin, ffn, block, f"layer {i} {path}"))
+                for m in [*family.ffn_readers, family.ffn_writer]:
+                    lin = wrap(m.path)
+                    new_group(m.kind, m.kind, *_matrix_grid(lin, ffn, block, f"layer {i} {m.path}"))
         if not groups:
             raise PipelineError("nothing to mask: both ffn and attention granularities are 'none'")
         return cls(groups, wrappers)

@@ -143,11 +143,10 @@ class MaskConfig(FrozenModel):
     def structured(self) -> bool:
         return self.ffn in ("neuron", "none") and self.attention in ("head", "none")
 
-    def check_shapes(self, model_config: dict[str, Any]) -> None:
-        """Blocks must tile every masked matrix of the model."""
+    def check_shapes(self, hidden: int, inter: int) -> None:
+        """Blocks must tile every masked matrix of a model of width `hidden` and FFN width `inter`."""
         if "block" not in (self.ffn, self.attention):
             return
-        hidden, inter = model_config.get("hidden_size"), model_config.get("intermediate_size")
         r, c = self.block
         shapes = []
         if self.attention == "block":

@@ -16,7 +16,6 @@ from pipeline.errors import PipelineError, one_line
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 WEIGHTS = "model.safetensors"
 # Weights that only a pickle reader can load: never read, since unpickling a file can run any code in it.
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.pt", "pytorch_model.bin.index.json")
@@ -60,7 +59,8 @@ def safetensors_header(file: Path) -> dict[str, Any]:
 
 
 def check_model_dir(path: str | Path, need_tokenizer: bool = True) -> dict:
-    """Cheap checks (no torch model built) that `path` holds a usable BERT/RoBERTa folder; returns its config."""
+    """Cheap checks (no torch model built) that `path` holds a usable model folder of a supported family; returns
+    its config."""
     path = Path(path)
     if not path.is_dir():
         raise PipelineError(f"model folder not found: {path}")
@@ -70,10 +70,11 @@ def check_model_dir(path: str | Path, need_tokenizer: bool = True) -> dict:
         raise PipelineError(f"{path}: no config.json, not a Hugging Face model folder") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PipelineError(f"{path}/config.json is corrupt: {e}") from None
-    if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-        raise PipelineError(
-            f"{path}: model_type {config.get('model_type')!r} is not supported ({', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
+    from pipeline.models.families import family_for  # torch: not for commands that never read a model
+
+    problem = family_for(config.get("model_type"), str(path)).check(config)
+    if problem:
+        raise PipelineError(f"{path}: {problem}")
     if not (path / WEIGHTS).is_file():
         pickled = next((f for f in PICKLE_WEIGHTS if (path / f).is_file()), None)
         if pickled:
@@ -100,9 +101,19 @@ def param_count(path: str | Path) -> int:
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The folder's fast tokenizer, emitting only the inputs its model takes (no token type ids for a family
+    without them, whatever tokenizer class the folder ships); saved with it, so the artifact's does the same."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path), use_fast=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), use_fast=True)
     except Exception as e:
         raise PipelineError(f"cannot load tokenizer from {path}: {one_line(e)}") from None
+    config = Path(path) / "config.json"
+    if config.is_file() and "token_type_ids" in tokenizer.model_input_names:
+        from pipeline.models.families import BY_TYPE
+
+        family = BY_TYPE.get(json.loads(config.read_text(encoding="utf-8")).get("model_type"))
+        if family is not None and not family.token_types:
+            tokenizer.model_input_names = [n for n in tokenizer.model_input_names if n != "token_type_ids"]
+    return tokenizer

@@ -1,10 +1,11 @@
-"""Load and save BERT/RoBERTa classifiers whose layers differ in FFN width, head count, or FFN scaling.
+"""Load and save classifiers of every supported family whose layers differ in FFN width, head count, or FFN scaling.
 
 transformers builds every layer from one `intermediate_size` and one `num_attention_heads`, so a compacted
 model cannot round-trip through `from_pretrained` (it fails, or with `ignore_mismatched_sizes` silently
 re-initialises the shrunk layers). We record the per-layer shapes in `config.json`
-(`intermediate_sizes`, `layer_heads`), rebuild those layers at their real sizes before loading, and load the
-weights with `strict=True`, so any mismatch is an error, never a re-initialisation.
+(`intermediate_sizes`, `layer_heads`, and what a family needs beyond them), rebuild those layers at their real
+sizes before loading, and load the weights with `strict=True`, so any mismatch is an error, never a
+re-initialisation.
 """
 
 from __future__ import annotations
@@ -15,17 +16,10 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from pipeline.errors import PipelineError, one_line
+from pipeline.models.families import family_of
 from pipeline.models.folders import check_model_dir, is_classifier
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
-from pipeline.models.layers import (
-    ScaledIntermediate,
-    encoder_layers,
-    ffn_widths,
-    head_counts,
-    layer_heads,
-    resize_ffn_,
-    resize_heads_,
-)
+from pipeline.models.layers import ScaledLinear, ffn_widths, head_counts, resize_ffn_, resize_heads_
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -96,20 +90,24 @@ def load_model(path: str | Path) -> PreTrainedModel:
     if getattr(config, "classifier_head", None) == HEAD_NAME:  # SMP's label-word head
         install_verbalizer_(model)
     state = load_file(str(path / "model.safetensors"))
-    for i, layer in enumerate(encoder_layers(model)):
-        prefix = f"{model.base_model_prefix}.encoder.layer.{i}"
-        query = state.get(f"{prefix}.attention.self.query.weight")
-        # no query weight: a layer saved with 0 heads (strict loading still fails on any other missing key)
-        heads = 0 if query is None else query.shape[0] // layer.attention.self.attention_head_size
-        if heads != layer_heads(layer):
-            resize_heads_(layer, heads)
-        fc1 = state.get(f"{prefix}.intermediate.dense.weight")
-        if fc1 is not None and fc1.shape[0] != layer.intermediate.dense.out_features:
-            resize_ffn_(layer, fc1.shape[0])
-        scale = state.get(f"{prefix}.intermediate.scale")
-        if scale is not None:
-            inter = layer.intermediate
-            layer.intermediate = ScaledIntermediate(inter.dense, inter.intermediate_act_fn, scale)
+    family = family_of(model)
+    family.rebuild_(model)
+    writer = family.ffn_writer.path
+    for i, block in enumerate(family.layers(model)):
+        prefix = f"{model.base_model_prefix}.{family.layers_path}.{i}"
+        out = state.get(f"{prefix}.{family.head_writer.path}.weight")
+        # no output projection weight: a layer saved with 0 heads (strict loading still fails on any other key)
+        heads = 0 if out is None else out.shape[1] // family.head_size(block)
+        if heads != family.heads(block):
+            resize_heads_(family, block, heads)
+        fc2 = state.get(f"{prefix}.{writer}.weight")
+        if fc2 is not None and fc2.shape[1] != block.get_submodule(writer).in_features:
+            resize_ffn_(family, block, fc2.shape[1])
+        scale = state.get(f"{prefix}.{writer}.scale")
+        if scale is not None:  # MLP Fusion's cluster sizes, not yet folded (a compressed, uncompacted model)
+            parent, _, attr = writer.rpartition(".")
+            setattr(block.get_submodule(parent), attr, ScaledLinear(block.get_submodule(writer), scale))
+        family.prepare_load_(block, prefix, state)
     _check_declared_shapes(model, config, path)
     try:
         model.load_state_dict(state, strict=True)
@@ -131,7 +129,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
     config = model.config
     config.intermediate_sizes = ffn_widths(model)
     config.layer_heads = head_counts(model)
-    config.intermediate_size = max(config.intermediate_sizes)  # keep the scalar honest for tools that read it
+    family = family_of(model)
+    for key, values in family.layer_record(model).items():
+        setattr(config, key, values)
+    setattr(config, family.ffn_field, max(config.intermediate_sizes))  # keep the scalar honest for tools that read it
     model.save_pretrained(str(path), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))

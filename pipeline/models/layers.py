@@ -1,8 +1,9 @@
-"""Encoder layers at per-layer shapes: FFNs with a constant output scale, attention without heads, resizing.
+"""Encoder blocks at per-layer shapes, for every family: cutting heads and neurons, resizing, scaled and headless.
 
-transformers builds every layer from one `intermediate_size` and one `num_attention_heads`; these pieces let a
-layer differ. Parameter names stay those of transformers' BERT/RoBERTa modules, so state dicts stay
-recognisable and load strictly. `prune_heads` is not used (transformers v5 removes it).
+transformers builds every layer from one `intermediate_size` and one head count; these pieces let a layer differ.
+Where a block keeps its units is the family adapter's business (`pipeline.models.families`); what is done to them
+is written once here. Parameter names stay those of transformers' modules, so state dicts stay recognisable and
+load strictly. transformers' `prune_heads` is not used (it knows no per-layer FFN, no fused QKV, and v5 removes it).
 """
 
 from __future__ import annotations
@@ -10,90 +11,27 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.models.families import Family, family_of
 
 
-class Intermediate(nn.Module):
-    """`act(x W1ᵀ + b1)`, with the same parameter names as transformers' BertIntermediate/RobertaIntermediate."""
+class ScaledLinear(nn.Linear):
+    """`(x * scale) Wᵀ + b`: an FFN output layer whose input neurons carry a constant multiplier (a buffer).
 
-    def __init__(self, dense: nn.Linear, act: nn.Module) -> None:
-        super().__init__()
-        self.dense = dense
-        self.intermediate_act_fn = act
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.intermediate_act_fn(self.dense(hidden_states))
-
-
-class ScaledIntermediate(Intermediate):
-    """`act(x W1ᵀ + b1) * scale`: FFN neurons that carry a constant output multiplier (a buffer, not trained).
-
-    MLP Fusion keeps its cluster sizes P here, apart from W2, so that training has the standalone-P
-    dynamics; compaction later folds `scale` into the next linear layer.
+    MLP Fusion keeps its cluster sizes P here, apart from W2, so that training has the standalone-P dynamics;
+    compaction later folds `scale` into W2 (`fold_scale_`).
     """
 
-    def __init__(self, dense: nn.Linear, act: nn.Module, scale: torch.Tensor) -> None:
-        super().__init__(dense, act)
-        self.register_buffer("scale", scale.to(dense.weight.dtype))
+    def __init__(self, linear: nn.Linear, scale: torch.Tensor) -> None:
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.register_buffer("scale", scale.to(linear.weight.dtype).to(linear.weight.device))
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return super().forward(hidden_states) * self.scale
-
-
-class _Bias(nn.Module):
-    """Only a `bias`: what is left of the attention output projection when there is no head to project."""
-
-    def __init__(self, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.bias = nn.Parameter(bias)
-
-
-class _HeadlessOutput(nn.Module):
-    def __init__(self, bias: torch.Tensor, layer_norm: nn.LayerNorm, dropout: nn.Module) -> None:
-        super().__init__()
-        self.dense = _Bias(bias)
-        self.LayerNorm = layer_norm
-        self.dropout = dropout
-
-
-class HeadlessAttention(nn.Module):
-    """The attention block of a layer with no head left: `LayerNorm(b_O + hidden_states)`, exactly.
-
-    With 0 heads the context is empty, so the output projection emits only its bias; the residual and
-    LayerNorm remain. Replaces a whole BertAttention/RobertaAttention and keeps its parameter names
-    (`output.dense.bias`, `output.LayerNorm.*`), so state dicts stay recognisable.
-    """
-
-    num_attention_heads = 0
-
-    def __init__(self, bias: torch.Tensor, layer_norm: nn.LayerNorm, dropout: nn.Module) -> None:
-        super().__init__()
-        self.output = _HeadlessOutput(bias, layer_norm, dropout)
-
-    @classmethod
-    def replacing(cls, attention: nn.Module) -> HeadlessAttention:
-        """Built from a BertAttention/RobertaAttention whose output bias already holds all folded constants."""
-        out = attention.output
-        return cls(out.dense.bias.detach().clone(), out.LayerNorm, out.dropout)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        head_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        past_key_values=None,
-        output_attentions: bool | None = False,
-        cache_position: torch.Tensor | None = None,
-        **kwargs,  # whatever else a transformers version passes to BertAttention: nothing here depends on it
-    ) -> tuple[torch.Tensor] | tuple[torch.Tensor, None]:
-        bias = self.output.dense.bias
-        if self.training:  # drop each element independently, as BertSelfOutput's dropout does per token
-            bias = self.output.dropout(bias.expand_as(hidden_states))
-        out = self.output.LayerNorm(hidden_states + bias)  # in eval a plain broadcast Add: no Expand in ONNX
-        return (out, None) if output_attentions else (out,)  # BertEncoder reads [1] only if attentions are asked
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x * self.scale, self.weight, self.bias)
 
 
 def new_linear(
@@ -109,48 +47,180 @@ def new_linear(
     return lin
 
 
+def _place(root: nn.Module, path: str, module: nn.Module) -> None:
+    """Put `module` at the dotted `path` below `root`, creating plain containers on the way."""
+    *parents, leaf = path.split(".")
+    for name in parents:
+        if not hasattr(root, name):
+            root.add_module(name, nn.Module())
+        root = getattr(root, name)
+    root.add_module(leaf, module)
+
+
+class _Bias(nn.Module):
+    """Only a `bias`: what is left of the attention output projection when there is no head to project."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(bias)
+
+
+class HeadlessAttention(nn.Module):
+    """The attention of a layer with no head left: its output projection's bias, and where the family's attention
+    module adds the residual and normalises (BERT, DeBERTa, MPNet), `LayerNorm(b_O + hidden_states)`, exactly.
+
+    With 0 heads the context is empty, so the output projection emits only its bias. The kept parameters keep
+    their names (e.g. `output.dense.bias`, `output.LayerNorm.*`), so state dicts stay recognisable.
+    """
+
+    headless = True
+    num_attention_heads = 0
+
+    def __init__(self, family: Family, attention: nn.Module) -> None:
+        super().__init__()
+        prefix = family.attention + "."
+        writer = attention.get_submodule(family.head_writer.path.removeprefix(prefix))
+        hidden = writer.out_features
+        self.always_pair = family.always_pair
+        self.bias_path = family.head_writer.path.removeprefix(prefix)
+        if writer.bias is not None:
+            _place(self, self.bias_path, _Bias(writer.bias.detach().clone()))
+        else:  # no biases (ModernBERT): the attention adds nothing
+            self.register_buffer("zero", torch.zeros(hidden, dtype=writer.weight.dtype), persistent=False)
+        self.norm_path = family.attention_norm
+        self.dropout = None
+        if self.norm_path:
+            _place(self, self.norm_path, attention.get_submodule(self.norm_path))
+            parent = attention.get_submodule(self.norm_path.rpartition(".")[0]) if "." in self.norm_path else attention
+            self.dropout = getattr(parent, "dropout", None)
+
+    def forward(self, *args, **kwargs) -> tuple[torch.Tensor] | tuple[torch.Tensor, None]:
+        # blocks pass their input positionally, as `hidden_states`, or (DistilBERT) as `query`
+        hidden = args[0] if args else kwargs.get("hidden_states", kwargs.get("query"))
+        bias = self.zero if hasattr(self, "zero") else self.get_submodule(self.bias_path).bias
+        if self.norm_path:
+            if self.training and self.dropout is not None:  # drop per element, as the self-output's dropout does
+                bias = self.dropout(bias.expand_as(hidden))
+            out = self.get_submodule(self.norm_path)(hidden + bias)  # in eval a plain broadcast Add: no Expand
+        else:
+            out = bias  # the block adds the residual itself
+        return (out, None) if self.always_pair or kwargs.get("output_attentions") else (out,)
+
+
+# --- per-layer shapes -----------------------------------------------------------------------------------------
+
+
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of a BERT/RoBERTa model (with or without a task head)."""
-    base = getattr(model, "base_model", model)
-    try:
-        return base.encoder.layer
-    except AttributeError:
-        raise PipelineError(f"{type(model).__name__} is not a BERT/RoBERTa encoder") from None
+    """The transformer blocks of a model of a supported family (with or without a task head)."""
+    return family_of(model).layers(model)
 
 
 def ffn_widths(model: nn.Module) -> list[int]:
-    return [layer.intermediate.dense.out_features for layer in encoder_layers(model)]
+    family = family_of(model)
+    return [_linear(block, family.ffn_writer.path).in_features for block in family.layers(model)]
 
 
 def head_counts(model: nn.Module) -> list[int]:
     """Heads per layer (0 for a HeadlessAttention layer)."""
-    return [layer_heads(layer) for layer in encoder_layers(model)]
+    family = family_of(model)
+    return [family.heads(block) for block in family.layers(model)]
 
 
-def layer_heads(layer: nn.Module) -> int:
-    att = layer.attention
-    return 0 if isinstance(att, HeadlessAttention) else att.self.num_attention_heads
+def _linear(block: nn.Module, path: str) -> nn.Linear:
+    return block.get_submodule(path)
 
 
-def resize_ffn_(layer: nn.Module, width: int) -> None:
-    """Replace a block's FFN linears by uninitialised ones of `width` neurons (weights are loaded next)."""
-    fc1, fc2 = layer.intermediate.dense, layer.output.dense
-    layer.intermediate.dense = new_linear(fc1.in_features, width, fc1.weight.dtype)
-    layer.output.dense = new_linear(width, fc2.out_features, fc2.weight.dtype)
+def _set_linear(block: nn.Module, path: str, linear: nn.Module) -> None:
+    parent, _, attr = path.rpartition(".")
+    setattr(block.get_submodule(parent) if parent else block, attr, linear)
 
 
-def resize_heads_(layer: nn.Module, heads: int) -> None:
-    """Replace a block's attention projections by ones for `heads` heads of the same head size.
+def head_readers(family: Family, block: nn.Module):
+    """The family's head-reading matrices this block has (DeBERTa's position projections are optional)."""
+    names = {name for name, _ in block.named_modules()}
+    return [m for m in family.head_readers if m.path in names]
 
-    `heads=0` installs HeadlessAttention. Either way the parameters are placeholders: weights are loaded next.
-    """
-    if heads == 0:
-        layer.attention = HeadlessAttention.replacing(layer.attention)
+
+@torch.no_grad()
+def _cut(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> nn.Linear:
+    """A new Linear holding copies of the kept `rows` (outputs) and `cols` (inputs) of `linear`."""
+    w = linear.weight if rows is None else linear.weight[rows]
+    w = w if cols is None else w[:, cols]
+    out = new_linear(w.shape[1], w.shape[0], w.dtype, bias=linear.bias is not None).to(w.device)
+    out.weight.copy_(w)
+    if linear.bias is not None:
+        out.bias.copy_(linear.bias if rows is None else linear.bias[rows])
+    if isinstance(linear, ScaledLinear):
+        out = ScaledLinear(out, linear.scale if cols is None else linear.scale[cols])
+    return out
+
+
+def keep_heads_(family: Family, block: nn.Module, keep: torch.Tensor) -> None:
+    """Cut the block's attention to the heads `keep` (a bool per head); none kept installs HeadlessAttention."""
+    if keep.all():
         return
-    att = layer.attention.self
-    hidden, head_size = att.query.in_features, att.attention_head_size
-    for name in ("query", "key", "value"):
-        setattr(att, name, new_linear(hidden, heads * head_size, att.query.weight.dtype))
-    out = layer.attention.output.dense
-    layer.attention.output.dense = new_linear(heads * head_size, out.out_features, out.weight.dtype)
-    att.num_attention_heads, att.all_head_size = heads, heads * head_size
+    if not keep.any():
+        _set_linear(block, family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
+        return
+    d = family.head_size(block)
+    for m in head_readers(family, block):
+        rows = keep.repeat_interleave(d).repeat(m.segments)
+        _set_linear(block, m.path, _cut(_linear(block, m.path), rows=rows))
+    writer = family.head_writer.path
+    _set_linear(block, writer, _cut(_linear(block, writer), cols=keep.repeat_interleave(d)))
+    family.heads_kept_(block, keep)
+    family.set_heads_(block, int(keep.sum()))
+
+
+def keep_neurons_(family: Family, block: nn.Module, keep: torch.Tensor) -> None:
+    """Cut the block's FFN to the neurons `keep` (a bool per neuron; a gated FFN's pair of input rows each)."""
+    if keep.all():
+        return
+    for m in family.ffn_readers:
+        _set_linear(block, m.path, _cut(_linear(block, m.path), rows=keep.repeat(m.segments)))
+    writer = family.ffn_writer.path
+    _set_linear(block, writer, _cut(_linear(block, writer), cols=keep))
+
+
+def resize_heads_(family: Family, block: nn.Module, heads: int) -> None:
+    """Placeholder attention matrices for `heads` heads of the same size (weights are loaded next); 0 heads
+    installs HeadlessAttention."""
+    if heads == 0:
+        _set_linear(block, family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
+        return
+    d = family.head_size(block)
+    for m in head_readers(family, block):
+        old = _linear(block, m.path)
+        _set_linear(block, m.path, _resized(old, out_features=heads * d * m.segments))
+    old = _linear(block, family.head_writer.path)
+    _set_linear(block, family.head_writer.path, _resized(old, in_features=heads * d))
+    family.set_heads_(block, heads)
+
+
+def resize_ffn_(family: Family, block: nn.Module, width: int) -> None:
+    """Placeholder FFN matrices of `width` neurons (weights are loaded next)."""
+    for m in family.ffn_readers:
+        _set_linear(block, m.path, _resized(_linear(block, m.path), out_features=width * m.segments))
+    old = _linear(block, family.ffn_writer.path)
+    _set_linear(block, family.ffn_writer.path, _resized(old, in_features=width))
+
+
+def _resized(old: nn.Linear, in_features: int | None = None, out_features: int | None = None) -> nn.Linear:
+    return new_linear(
+        in_features if in_features is not None else old.in_features,
+        out_features if out_features is not None else old.out_features,
+        old.weight.dtype,
+        bias=old.bias is not None,
+    )
+
+
+def neuron_constants(family: Family, block: nn.Module, which: torch.Tensor) -> torch.Tensor:
+    """What the neurons `which` emit when their input rows are all zero: act(b1), or act(b_in) * b_gate gated."""
+    (m,) = family.ffn_readers
+    fc1 = _linear(block, m.path)
+    bias = fc1.bias if fc1.bias is not None else fc1.weight.new_zeros(fc1.out_features)
+    act = family.act(block)
+    if family.gated:
+        b_in, b_gate = bias.chunk(2)
+        return act(b_in[which]) * b_gate[which]
+    return act(bias[which])

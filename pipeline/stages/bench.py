@@ -8,6 +8,7 @@ from pathlib import Path
 
 from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
 from pipeline.config.schema import BenchSettings
+from pipeline.models.families import arch_of
 from pipeline.models.folders import param_count
 from pipeline.stages.package import DENSE_GRAPHS, WORK
 from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH
@@ -20,20 +21,27 @@ HEADLINE = (8, 128)  # batch x sequence the quality bars are stated at
 def model_shapes(model_dir: str | Path) -> dict:
     """Per-layer heads and FFN widths (from our per-layer config fields, else the uniform ones)."""
     cfg = json.loads((Path(model_dir) / CONFIG).read_text())
-    layers = cfg["num_hidden_layers"]
+    arch = arch_of(cfg)
     return {
-        "hidden": cfg["hidden_size"],
-        "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
-        "heads": cfg.get("layer_heads") or [cfg["num_attention_heads"]] * layers,
-        "ffn": cfg.get("intermediate_sizes") or [cfg["intermediate_size"]] * layers,
+        "hidden": arch.hidden,
+        "head_dim": arch.head_dim,
+        "heads": cfg.get("layer_heads") or [arch.heads] * arch.layers,
+        "ffn": cfg.get("intermediate_sizes") or [arch.ffn] * arch.layers,
         "num_labels": len(cfg.get("id2label") or {0: 0, 1: 1}),
-        "vocab_size": cfg["vocab_size"],
+        "vocab_size": arch.vocab,
+        "ffn_matrices": 3 if arch.gated else 2,
     }
 
 
 def flops(shapes: dict, seq: int) -> int:
     return encoder_flops(
-        shapes["hidden"], shapes["heads"], shapes["head_dim"], shapes["ffn"], seq, shapes["num_labels"]
+        shapes["hidden"],
+        shapes["heads"],
+        shapes["head_dim"],
+        shapes["ffn"],
+        seq,
+        shapes["num_labels"],
+        shapes["ffn_matrices"],
     )
 
 

@@ -22,7 +22,7 @@ from pipeline.stages import compact
 log = logging.getLogger(__name__)
 
 # Bump when a change alters what the stage produces, to invalidate its cache entries.
-COMPRESS_VERSION = "4"  # 4: training evaluates on the validation split carved from train (the data changed too)
+COMPRESS_VERSION = "5"  # 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
 
 
 def run(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None) -> dict:

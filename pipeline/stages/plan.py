@@ -26,6 +26,7 @@ from pipeline.compress.compaction import cut_from
 from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
 from pipeline.errors import PipelineError
+from pipeline.models.families import arch_of
 from pipeline.stages.export import dense_graphs
 from pipeline.stages.package import DENSE_GRAPHS
 from serving.artifact import CONFIG, GRAPHS
@@ -46,7 +47,8 @@ class _Uncached(Exception):
 
 
 def grid(teacher_cfg: dict, target: TargetConfig) -> tuple[list[int], list[int]]:
-    heads, ffn = teacher_cfg["num_attention_heads"], teacher_cfg["intermediate_size"]
+    arch = arch_of(teacher_cfg)
+    heads, ffn = arch.heads, arch.ffn
     h = sorted({max(1, round(f * heads)) for f in target.heads_grid})
     f = sorted({max(1, round(x * ffn)) for x in target.ffn_grid})
     return h, f
@@ -67,12 +69,12 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
     cfg = json.loads((Path(teacher_dir) / CONFIG).read_text())
     heads, ffn = grid(cfg, target)
     threads = bench.threads or physical_cores()
-    arch = {k: cfg[k] for k in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers")}
+    arch = arch_of(cfg)
     key = key_of(
         stage="latency-table",
         v=TABLE_VERSION,
-        arch=arch,
-        vocab=cfg["vocab_size"],
+        family=cfg["model_type"],
+        arch=arch.__dict__,
         heads=heads,
         ffn=ffn,
         shape=(target.batch, target.seq),
@@ -124,7 +126,8 @@ def _export_probes(teacher_dir: str, cfg: dict, heads: list[int], ffn: list[int]
 def _time_probes(models: dict, cfg: dict, heads: list[int], ffn: list[int], settings: BenchSettings) -> dict:
     """One timing of every probe: the table's fields, the device and the machine's load."""
     log.info("latency table: timing %d probes at %dx%d", len(models), settings.batch_sizes[0], settings.seq_lens[0])
-    result = benchmark(models, cfg["vocab_size"], settings)
+    arch = arch_of(cfg)
+    result = benchmark(models, arch.vocab, settings)
     p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
     smallest = p50[f"{heads[0]}x{ffn[0]}"]
     table = LatencyTable(
@@ -133,13 +136,7 @@ def _time_probes(models: dict, cfg: dict, heads: list[int], ffn: list[int], sett
         layer_ms=[[p50[f"{h}x{f}"] for f in ffn] for h in heads],
         fixed_ms=max(0.0, 2 * smallest - p50[FIXED_PROBE]),  # one layer minus its own cost
         dense_fp32_ms=p50["dense"],
-        teacher={
-            "layers": cfg["num_hidden_layers"],
-            "heads": cfg["num_attention_heads"],
-            "ffn": cfg["intermediate_size"],
-            "hidden": cfg["hidden_size"],
-            "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
-        },
+        teacher={k: getattr(arch, k) for k in ("layers", "heads", "ffn", "hidden", "head_dim")},
         batch=settings.batch_sizes[0],
         seq=settings.seq_lens[0],
     )

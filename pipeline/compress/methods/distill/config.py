@@ -101,7 +101,10 @@ class DistillConfig(MethodConfig):
         self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
     ) -> None:
         """Layer indices, relation heads and the student's vocabulary, before any stage runs."""
-        n_teacher = model_config.get("num_hidden_layers", 0)
+        from pipeline.models.families import arch_of
+
+        arch = arch_of(model_config)
+        n_teacher = arch.layers
         layers = self.student.layers
         if self.student.path is None:
             if isinstance(layers, int) and not 1 <= layers <= n_teacher:
@@ -110,9 +113,8 @@ class DistillConfig(MethodConfig):
                 not layers or any(not 0 <= i < n_teacher for i in layers) or len(set(layers)) != len(layers)
             ):
                 raise PipelineError(f"student layers {layers} must be distinct indices in [0, {n_teacher})")
-            heads = model_config.get("num_attention_heads", 0)
-            if self.student.heads is not None and self.student.heads > heads:
-                raise PipelineError(f"student heads {self.student.heads} exceed the teacher's {heads}")
+            if self.student.heads is not None and self.student.heads > arch.heads:
+                raise PipelineError(f"student heads {self.student.heads} exceed the teacher's {arch.heads}")
         if self.teacher_layer is not None and self.teacher_layer > n_teacher:
             raise PipelineError(
                 f"teacher_layer {self.teacher_layer} is out of range (the teacher has {n_teacher} layers)"
@@ -121,9 +123,10 @@ class DistillConfig(MethodConfig):
         if self.student.path is not None:
             student_config = check_student_folder(Path(self.student.path), teacher_dir or model_dir)
         if self.relation:
-            widths = [model_config.get("hidden_size", 0), student_config.get("hidden_size", 0)]
+            student_arch = arch_of(student_config)
+            widths = [arch.heads * arch.head_dim, student_arch.heads * student_arch.head_dim]
             if self.student.heads is not None and self.student.path is None:
-                widths[1] = self.student.heads * widths[1] // model_config.get("num_attention_heads", 1)
+                widths[1] = self.student.heads * arch.head_dim
             for width in widths:
                 if width % self.relation_heads:
                     raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
@@ -131,7 +134,7 @@ class DistillConfig(MethodConfig):
             from pipeline.compress.methods.distill.losses import layer_mapping
 
             n_student = (
-                student_config.get("num_hidden_layers", 0)
+                arch_of(student_config).layers
                 if self.student.path
                 else (layers if isinstance(layers, int) else len(layers))
             )

@@ -11,6 +11,7 @@ from pipeline.compress.context import StageContext
 from pipeline.compress.methods.distill.config import DistillConfig
 from pipeline.compress.methods.distill.losses import layer_mapping, relation_loss
 from pipeline.compress.methods.distill.students import build_student
+from pipeline.models.families import family_of
 from pipeline.models.layers import encoder_layers
 from pipeline.train.loop import resolve_device, train
 from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, task_loss
@@ -18,10 +19,9 @@ from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, task_l
 log = logging.getLogger(__name__)
 
 
-def _qkv(layer: nn.Module, hidden_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All heads' queries, keys and values of `layer` (the concatenations MiniLMv2 re-splits)."""
-    att = layer.attention.self
-    return att.query(hidden_in), att.key(hidden_in), att.value(hidden_in)
+def _qkv(model: nn.Module, layer: int, hidden_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All heads' queries, keys and values of block `layer` (the concatenations MiniLMv2 re-splits)."""
+    return family_of(model).qkv(encoder_layers(model)[layer], hidden_in)
 
 
 def distill_loss(
@@ -39,15 +39,11 @@ def distill_loss(
         if needs_teacher:
             with torch.no_grad():
                 t_out = teacher(**inputs, output_hidden_states=True)
-                t_qkv = (
-                    _qkv(encoder_layers(teacher)[t_layer - 1], t_out.hidden_states[t_layer - 1])
-                    if cfg.relation
-                    else None
-                )
+                t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if cfg.relation else None
         s_out = student(**inputs, output_hidden_states=True)
         total = s_out.logits.new_zeros(())
         if cfg.relation:
-            s_qkv = _qkv(encoder_layers(student)[-1], s_out.hidden_states[-2])  # the student's last layer
+            s_qkv = _qkv(student, -1, s_out.hidden_states[-2])  # the student's last layer
             total = total + cfg.relation * relation_loss(
                 t_qkv, s_qkv, mask, cfg.relation_heads, tuple(cfg.relation_pairs)
             )

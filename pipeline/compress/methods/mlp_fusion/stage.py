@@ -12,7 +12,8 @@ from pipeline.compress.context import StageContext
 from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.mlp_fusion.kmeans import KMeansResult, kmeans_batched
 from pipeline.errors import PipelineError
-from pipeline.models.layers import ScaledIntermediate, encoder_layers
+from pipeline.models.families import Family, family_of
+from pipeline.models.layers import ScaledLinear, encoder_layers
 from pipeline.train.loop import train
 from pipeline.train.losses import LossFn, layer_hidden_mse
 from pipeline.train.metrics import predict_logits, scores
@@ -30,35 +31,57 @@ def fused_layers(cfg: MlpFusionConfig, num_layers: int) -> list[int]:
     return sorted(cfg.layers)
 
 
-def neuron_features(layer: nn.Module) -> torch.Tensor:
-    """One row per FFN neuron: [W1 row, b1, W2 column] (no normalisation, as in the paper's code)."""
-    fc1, fc2 = layer.intermediate.dense, layer.output.dense
-    return torch.cat([fc1.weight, fc1.bias[:, None], fc2.weight.T], dim=1).detach().float()
+def _ffn(family: Family, layer: nn.Module) -> tuple[int, nn.Linear, nn.Linear]:
+    (m,) = family.ffn_readers
+    return m.segments, layer.get_submodule(m.path), layer.get_submodule(family.ffn_writer.path)
 
 
-def fuse_layer_(layer: nn.Module, clusters: KMeansResult) -> None:
+def neuron_features(family: Family, layer: nn.Module) -> torch.Tensor:
+    """One row per FFN neuron: its input row and bias, then its W2 column (no normalisation, as in the paper's
+    code). A gated neuron's row holds both of its input rows (up-projection and gate), so a cluster is a mean of
+    (up, gate, down) triples."""
+    segments, fc1, fc2 = _ffn(family, layer)
+    width = fc2.in_features
+    parts = []
+    for s, rows in enumerate(fc1.weight.view(segments, width, -1)):
+        parts.append(rows)
+        if fc1.bias is not None:
+            parts.append(fc1.bias.view(segments, width)[s][:, None])
+    return torch.cat([*parts, fc2.weight.T], dim=1).detach().float()
+
+
+def fuse_layer_(family: Family, layer: nn.Module, clusters: KMeansResult) -> None:
     """Replace a block's FFN by the cluster means, with the cluster sizes as the constant scaling P."""
-    fc1, fc2 = layer.intermediate.dense, layer.output.dense
+    segments, fc1, fc2 = _ffn(family, layer)
     hidden, k = fc1.in_features, clusters.centers.shape[0]
     centers = clusters.centers.to(fc1.weight.dtype)
+    bias = fc1.bias is not None
     new_fc1, new_fc2 = (
-        nn.Linear(hidden, k, dtype=fc1.weight.dtype),
-        nn.Linear(k, fc2.out_features, dtype=fc2.weight.dtype),
+        nn.Linear(hidden, k * segments, bias=bias, dtype=fc1.weight.dtype),
+        nn.Linear(k, fc2.out_features, bias=fc2.bias is not None, dtype=fc2.weight.dtype),
     )
+    step = hidden + bias
     with torch.no_grad():
-        new_fc1.weight.copy_(centers[:, :hidden])
-        new_fc1.bias.copy_(centers[:, hidden])
-        new_fc2.weight.copy_(centers[:, hidden + 1 :].T)
-        new_fc2.bias.copy_(fc2.bias)  # b2 is not clustered
-    layer.intermediate = ScaledIntermediate(new_fc1, layer.intermediate.intermediate_act_fn, clusters.counts.float())
-    layer.output.dense = new_fc2
+        for s in range(segments):
+            part = centers[:, s * step : (s + 1) * step]
+            new_fc1.weight[s * k : (s + 1) * k].copy_(part[:, :hidden])
+            if bias:
+                new_fc1.bias[s * k : (s + 1) * k].copy_(part[:, hidden])
+        new_fc2.weight.copy_(centers[:, segments * step :].T)
+        if fc2.bias is not None:
+            new_fc2.bias.copy_(fc2.bias)  # b2 is not clustered
+    (m,) = family.ffn_readers
+    for path, module in ((m.path, new_fc1), (family.ffn_writer.path, ScaledLinear(new_fc2, clusters.counts.float()))):
+        parent, _, attr = path.rpartition(".")
+        setattr(layer.get_submodule(parent), attr, module.to(fc1.weight.device))
 
 
 def fuse_(model: nn.Module, cfg: MlpFusionConfig) -> dict:
     """Cluster and fuse the configured layers in place; returns the k-means figures."""
+    family = family_of(model)
     blocks = encoder_layers(model)
     idx = fused_layers(cfg, len(blocks))
-    feats = [neuron_features(blocks[i]) for i in idx]
+    feats = [neuron_features(family, blocks[i]) for i in idx]
     groups: dict[torch.Size, list[int]] = {}
     for j, f in enumerate(feats):  # one batched k-means call per distinct layer shape
         groups.setdefault(f.shape, []).append(j)
@@ -71,7 +94,7 @@ def fuse_(model: nn.Module, cfg: MlpFusionConfig) -> dict:
         clusters.update(zip(members, found, strict=True))
     seconds = time.perf_counter() - start
     for j, i in enumerate(idx):
-        fuse_layer_(blocks[i], clusters[j])
+        fuse_layer_(family, blocks[i], clusters[j])
     return {
         "layers": idx,
         "widths": {i: int(clusters[j].counts.numel()) for j, i in enumerate(idx)},
@@ -110,12 +133,13 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
         report["validation_after_fusion"],
     )
     if cfg.tune_steps:
-        fused = set(report["fusion"]["layers"])
+        fused, family = set(report["fusion"]["layers"]), family_of(model)
         params = [
             (n, p)
             for i, block in enumerate(encoder_layers(model))
             if i in fused
-            for n, p in [*block.intermediate.named_parameters(), *block.output.dense.named_parameters()]
+            for m in (*family.ffn_readers, family.ffn_writer)
+            for n, p in block.get_submodule(m.path).named_parameters()
         ]
         tune_cfg = cfg.train.phase(cfg.tune_steps, cfg.tune_lr)  # all `tune_steps`, however small the data
         tuned = train(

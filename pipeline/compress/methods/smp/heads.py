@@ -9,13 +9,23 @@ from pipeline.compress.methods.smp.verbalizer import LABEL_WORDS, has_mlm_head, 
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
+from pipeline.models.heads import BYTE_LEVEL_TYPES
 
 
 def resolve_head(
     cfg, model_dir: str | Path, model_config: dict[str, Any], task: TaskSpec
 ) -> tuple[str, list[str] | None]:
-    """("verbalizer", label words) or ("classifier", None); checks that every label word is one token."""
-    mlm = has_mlm_head(model_dir)
+    """("verbalizer", label words) or ("classifier", None); checks that every label word is one token.
+
+    The verbalizer reuses BERT's and RoBERTa's MLM head modules; other families take the classifier head.
+    """
+    model_type = model_config.get("model_type")
+    if cfg.head == "verbalizer" and model_type != "bert" and model_type not in BYTE_LEVEL_TYPES:
+        raise PipelineError(
+            f"smp head 'verbalizer' supports bert, roberta and xlm-roberta, not {model_type!r}: use head 'classifier'"
+        )
+    mlm = model_type == "bert" or model_type in BYTE_LEVEL_TYPES
+    mlm = mlm and has_mlm_head(model_dir)
     if cfg.head == "verbalizer" and not mlm:
         raise PipelineError(f"smp head 'verbalizer' needs a base model with an MLM head; {model_dir} has none")
     if cfg.head == "classifier" or not mlm:

@@ -1,0 +1,44 @@
+"""The model families the pipeline compresses, one adapter each, looked up by `config.json`'s `model_type`.
+
+Adding a family is one module beside these (a `Family` subclass) and a line in `FAMILIES`; the matrix test in
+`tests/test_families.py` then runs every method, compaction, export and serving on a tiny random model of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.models.families.base import Arch, Family, Matrix
+from pipeline.models.families.bert import Bert
+from pipeline.models.families.deberta_v2 import DebertaV2
+from pipeline.models.families.distilbert import DistilBert
+from pipeline.models.families.electra import Electra
+from pipeline.models.families.modernbert import ModernBert
+from pipeline.models.families.mpnet import MPNet
+
+FAMILIES: tuple[Family, ...] = (Bert(), Electra(), DistilBert(), DebertaV2(), ModernBert(), MPNet())
+BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+SUPPORTED_MODEL_TYPES = tuple(BY_TYPE)
+
+__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Arch", "Family", "Matrix", "arch_of", "family_for", "family_of"]
+
+
+def family_for(model_type: str | None, where: str = "model") -> Family:
+    """The adapter for a `model_type`, or a one-line refusal naming the supported ones."""
+    try:
+        return BY_TYPE[model_type]
+    except KeyError:
+        raise PipelineError(
+            f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        ) from None
+
+
+def family_of(model: Any) -> Family:
+    """The adapter of a built model (anything with a transformers `config`)."""
+    return family_for(getattr(getattr(model, "config", None), "model_type", None), type(model).__name__)
+
+
+def arch_of(config: dict[str, Any]) -> Arch:
+    """A `config.json` mapping's uniform shape, in the pipeline's names."""
+    return family_for(config.get("model_type"), "config.json").arch(config)

