@@ -146,6 +146,10 @@ def prepare_request(
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
+    if model_cfg is not None:
+        from pipeline.models.io import check_weights_agree  # torch: only once the arguments are sound
+
+        check_weights_agree(model_dir)
     if teacher is not None:
         cfg = check_model_dir(teacher)
         if not is_classifier(cfg):

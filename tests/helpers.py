@@ -111,32 +111,16 @@ def tiny_family_model(
     kind: str, layers: int = 3, heads: int = 3, hidden: int = 36, ffn: int = 40, seed: int = 0, num_labels: int = 2
 ):
     """A random `*ForSequenceClassification` of family `kind` (one of FAMILY_KINDS), in eval mode."""
-    import transformers as hf
+    from pipeline.models.families import random_model
 
-    torch.manual_seed(seed)
+    extra = {
+        "electra": {"embedding_size": 24},  # its own embedding projection
+        "modernbert": {"local_attention": 8, "global_attn_every_n_layers": 2, "attention_bias": True},
+        "deberta-v2": {"position_buckets": 16, "share_att_key": False},  # separate position projections
+    }.get(kind, {})
     labels = dict(num_labels=num_labels, id2label={i: f"LABEL_{i}" for i in range(num_labels)})
-    common = dict(vocab_size=VOCAB, initializer_range=0.2, max_position_embeddings=160, **labels)
-    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ffn)
-    if kind == "distilbert":
-        cfg = hf.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=ffn, **common)
-    elif kind == "modernbert":
-        ids = dict(pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)
-        cfg = hf.ModernBertConfig(
-            **shape, **common, **ids, local_attention=8, global_attn_every_n_layers=2, attention_bias=True
-        )
-    elif kind == "deberta-v2":
-        rel = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=16, share_att_key=False)
-        cfg = hf.DebertaV2Config(**shape, **common, **rel, type_vocab_size=0, norm_rel_ebd="layer_norm")
-    else:
-        extra = {
-            "bert": {},
-            "electra": {"embedding_size": 24},  # its own embedding projection
-            "mpnet": {"pad_token_id": 0},
-            "roberta": {"pad_token_id": 1, "type_vocab_size": 1},
-            "xlm-roberta": {"pad_token_id": 1, "type_vocab_size": 1},
-        }[kind]
-        cfg = hf.AutoConfig.for_model(kind, **shape, **common, **extra)
-    return hf.AutoModelForSequenceClassification.from_config(cfg).eval()
+    common = dict(initializer_range=0.2, max_position_embeddings=160, **labels, **extra)
+    return random_model(kind, layers, heads, hidden, ffn, vocab=VOCAB, seed=seed, **common)
 
 
 def tiny_family_tokenizer(kind: str):

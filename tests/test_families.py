@@ -8,7 +8,9 @@ pipeline and the server.
 """
 
 import json
+import os
 
+import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -25,7 +27,16 @@ from pipeline.models.families import SUPPORTED_MODEL_TYPES, family_of
 from pipeline.models.folders import check_model_dir
 from pipeline.models.io import load_model, save_model
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
-from tests.helpers import FAMILY_KINDS, sample_logits, tiny_family_model
+from tests.helpers import (
+    FAMILY_KINDS,
+    ServerProcess,
+    assert_one_line_error,
+    cli_deploy,
+    quick_deploy,
+    sample_logits,
+    tiny_family_model,
+    write_tiny_family_dir,
+)
 
 each_family = pytest.mark.parametrize("kind", FAMILY_KINDS)
 
@@ -143,3 +154,90 @@ def test_every_family_reports_its_shape(kind):
     arch = family_of(model).arch(model.config.to_dict())
     assert (arch.layers, arch.heads, arch.hidden, arch.ffn, arch.head_dim) == (3, 3, 36, 40, 12)
     assert arch.gated == (kind == "modernbert")
+
+
+# End to end: `pipeline deploy` per family. CI runs one method per family, every method at least once (and the
+# target planner twice); PIPELINE_FAMILY_MATRIX=full runs every method on every family
+# (`benchmarks/family_matrix.py` prints that run as a table).
+TINY_METHOD = {
+    "mlp_fusion": ("--steps", "3", "--set", "config.tune_steps=2"),
+    "smp": ("--set", "config.prune_steps=4", "--set", "config.recover_steps=2"),
+    "gmp": ("--steps", "6", "--set", "config.prune_every=1"),
+    "distill": (
+        "--set", "config.student.layers=2", "--set", "config.transfer_steps=2", "--steps", "3",
+        "--set", "config.relation_heads=4",  # the default 48 divides no Q/K/V width of 36
+    ),
+    "distill+smp": (
+        "--target-speedup", "2", "--set", "target.accept_busy=true", "--set", "target.busy_attempts=1",
+        "--set", "config.distill.transfer_steps=2", "--set", "config.distill.train.max_steps=3",
+        "--set", "config.distill.relation_heads=4",
+        "--set", "config.smp.prune_steps=4", "--set", "config.smp.recover_steps=2",
+    ),
+}  # fmt: skip
+DIAGONAL = [
+    ("bert", "gmp"),
+    ("roberta", "smp"),
+    ("xlm-roberta", "distill"),
+    ("distilbert", "mlp_fusion"),
+    ("electra", "distill+smp"),
+    ("deberta-v2", "smp"),
+    ("modernbert", "mlp_fusion"),
+    ("mpnet", "distill+smp"),
+]
+FULL = [(kind, method) for kind in FAMILY_KINDS for method in TINY_METHOD]
+CELLS = FULL if os.environ.get("PIPELINE_FAMILY_MATRIX") == "full" else DIAGONAL
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("kind", "method"), CELLS)
+def test_deploy_publishes_an_exact_artifact_that_every_reader_answers_alike(kind, method, tmp_path):
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import AutoTokenizer, pipeline
+
+    from serving.session import ArtifactSession
+
+    # a speed target needs layers whose cost is not lost in the fixed cost of embeddings and runtime calls
+    shape = dict(layers=4, heads=3, hidden=96, ffn=384) if "--target-speedup" in TINY_METHOD[method] else {}
+    model_dir = write_tiny_family_dir(tmp_path / "model", kind, **shape)
+    _, artifact = quick_deploy(method, model_dir, tmp_path, *TINY_METHOD[method])
+    report = json.loads((artifact / "report.json").read_text())
+    assert report["compaction"]["max_abs_diff"] <= 1e-5
+    parity = report["validation"]["onnx_parity"]
+    assert parity["max_abs_diff"] <= 1e-4 and parity["argmax_agreement"] == 1.0
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["model_type"] == kind and config["layer_heads"] == report["compaction"]["heads"]
+    reloaded = load_model(artifact / "pytorch")
+    assert head_counts(reloaded) == report["compaction"]["heads"]
+    assert ffn_widths(reloaded) == report["compaction"]["ffn_widths"]
+
+    texts = ["a warm, funny film", "a dull mess", "it is what it is"]
+    expected = [row[0]["label"] for row in ArtifactSession(artifact).predict(texts)]
+    tokenizer = AutoTokenizer.from_pretrained(artifact)
+    model = ORTModelForSequenceClassification.from_pretrained(artifact, file_name="model.onnx")
+    assert [o["label"] for o in pipeline("text-classification", model=model, tokenizer=tokenizer)(texts)] == expected
+    with ServerProcess(artifact, log=tmp_path / "server.log") as proc:
+        r = httpx.post(f"{proc.url}/predict", json={"inputs": texts}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert [row[0]["label"] for row in r.json()] == expected
+
+
+def test_a_folder_whose_weights_disagree_with_its_config_is_one_line(tmp_path):
+    model_dir = write_tiny_family_dir(tmp_path / "model", "distilbert")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "hidden_dim": 48}))
+    result = cli_deploy(
+        "--method", "mlp_fusion", "--task", "sst2", "--model", str(model_dir), "--output", str(tmp_path)
+    )
+    assert_one_line_error(result, "the weights disagree with config.json: distilbert.transformer.layer.0.ffn.lin1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unsupported_family_is_refused_by_deploy_in_one_line(tmp_path):
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    albert = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=16, num_attention_heads=2))
+    albert.save_pretrained(str(tmp_path / "albert"))
+    result = cli_deploy(
+        "--method", "smp", "--task", "sst2", "--model", str(tmp_path / "albert"), "--output", str(tmp_path)
+    )
+    assert_one_line_error(result, "model_type 'albert' is not supported (supported: bert, roberta, xlm-roberta")

@@ -17,7 +17,7 @@ from torch import nn
 
 from pipeline.errors import PipelineError, one_line
 from pipeline.models.families import family_of
-from pipeline.models.folders import check_model_dir, is_classifier
+from pipeline.models.folders import check_model_dir, is_classifier, safetensors_header
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
 from pipeline.models.layers import ScaledLinear, ffn_widths, head_counts, resize_ffn_, resize_heads_
 
@@ -69,6 +69,33 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     if mismatched:
         raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
     return model
+
+
+def check_weights_agree(path: str | Path) -> None:
+    """The folder's weights have the shapes its config builds (a model on the meta device: nothing allocated, no
+    weight read); a task head of another label count is allowed. Folders saved at per-layer shapes are checked
+    when they load (strictly).
+
+    Raises:
+        PipelineError: a weight's shape differs from the config's, in one line naming the first few.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(str(path))
+    if getattr(config, "layer_heads", None) is not None or getattr(config, "intermediate_sizes", None) is not None:
+        return
+    with torch.device("meta"):
+        model = (AutoModelForSequenceClassification if is_classifier(config) else AutoModel).from_config(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    prefix = model.base_model_prefix + "."
+    wrong = []
+    for key, tensor in safetensors_header(Path(path) / "model.safetensors").items():
+        name = key if key in expected else prefix + key if prefix + key in expected else key.removeprefix(prefix)
+        if name in expected and tuple(tensor["shape"]) != expected[name] and not name.startswith("classifier."):
+            wrong.append(f"{key} {tuple(tensor['shape'])} vs {expected[name]}")
+    if wrong:
+        raise PipelineError(f"{path}: the weights disagree with config.json: {'; '.join(wrong[:3])}")
 
 
 def load_model(path: str | Path) -> PreTrainedModel:

@@ -21,7 +21,17 @@ FAMILIES: tuple[Family, ...] = (Bert(), Electra(), DistilBert(), DebertaV2(), Mo
 BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 SUPPORTED_MODEL_TYPES = tuple(BY_TYPE)
 
-__all__ = ["FAMILIES", "SUPPORTED_MODEL_TYPES", "Arch", "Family", "Matrix", "arch_of", "family_for", "family_of"]
+__all__ = [
+    "FAMILIES",
+    "SUPPORTED_MODEL_TYPES",
+    "Arch",
+    "Family",
+    "Matrix",
+    "arch_of",
+    "family_for",
+    "family_of",
+    "random_model",
+]
 
 
 def family_for(model_type: str | None, where: str = "model") -> Family:
@@ -37,6 +47,18 @@ def family_for(model_type: str | None, where: str = "model") -> Family:
 def family_of(model: Any) -> Family:
     """The adapter of a built model (anything with a transformers `config`)."""
     return family_for(getattr(getattr(model, "config", None), "model_type", None), type(model).__name__)
+
+
+def random_model(
+    model_type: str, layers: int, heads: int, hidden: int, ffn: int, *, vocab: int, seed: int = 0, **fields: Any
+) -> Any:
+    """A randomly initialised sequence classifier of a family at a shape, in eval mode (tests, speed probes)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = family_for(model_type).config(model_type, layers, heads, hidden, ffn, vocab_size=vocab, **fields)
+    return AutoModelForSequenceClassification.from_config(config).eval()
 
 
 def arch_of(config: dict[str, Any]) -> Arch:

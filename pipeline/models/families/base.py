@@ -75,6 +75,13 @@ class Family:
             gated=self.gated,
         )
 
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        """A transformers config of this family at a shape (for random models: tests, speed probes)."""
+        from transformers import AutoConfig
+
+        shape = dict(num_hidden_layers=layers, num_attention_heads=heads, hidden_size=hidden, intermediate_size=ffn)
+        return AutoConfig.for_model(model_type, **shape, **fields)
+
     def layers(self, model: nn.Module) -> nn.ModuleList:
         return getattr(model, "base_model", model).get_submodule(self.layers_path)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.models.families.base import Family, Matrix
 
 
@@ -22,3 +24,8 @@ class Bert(Family):
     ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"
+
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        if model_type in ("roberta", "xlm-roberta"):  # position ids start after the padding id; one token type
+            fields = {"pad_token_id": 1, "type_vocab_size": 1, **fields}
+        return super().config(model_type, layers, heads, hidden, ffn, **fields)

@@ -4,6 +4,8 @@ positions too), so cutting a head cuts them alike; the relative position embeddi
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.models.families.base import Family, Matrix
 
 
@@ -27,3 +29,8 @@ class DebertaV2(Family):
     ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"
+
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        v3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256, share_att_key=True)
+        v3 |= dict(type_vocab_size=0, norm_rel_ebd="layer_norm", max_relative_positions=-1)  # DeBERTa-v3's layout
+        return super().config(model_type, layers, heads, hidden, ffn, **{**v3, **fields})

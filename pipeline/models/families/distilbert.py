@@ -30,6 +30,11 @@ class DistilBert(Family):
     layers_field = "n_layers"
     ffn_field = "hidden_dim"
 
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        from transformers import DistilBertConfig
+
+        return DistilBertConfig(n_layers=layers, n_heads=heads, dim=hidden, hidden_dim=ffn, **fields)
+
     def arch(self, config: dict[str, Any]) -> Arch:
         return Arch(
             layers=config["n_layers"],

@@ -30,6 +30,10 @@ class ModernBert(Family):
     gated = True
     token_types = False
 
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        ids = dict(pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)  # WordPiece's
+        return super().config(model_type, layers, heads, hidden, ffn, **{**ids, **fields})
+
     def head_size(self, block: nn.Module) -> int:
         return block.attn.head_dim
 

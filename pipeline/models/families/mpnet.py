@@ -5,6 +5,7 @@ a self-attention subclass whose `kept_heads` buffer (saved with the weights) ind
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,6 +55,9 @@ class MPNet(Family):
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"
     token_types = False
+
+    def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
+        return super().config(model_type, layers, heads, hidden, ffn, **{"pad_token_id": 0, **fields})
 
     def heads_kept_(self, block: nn.Module, keep: torch.Tensor) -> None:
         att = block.attention.attn
