@@ -35,12 +35,12 @@ TASK_KEY = "encoder_deploy_task"
 
 
 def max_positions(config: dict) -> int | None:
-    """Tokens a model's position embeddings cover, from its config.json (RoBERTa-style models start counting after
+    """Tokens a model's position embeddings cover, from its config.json (RoBERTa-style models and MPNet count after
     the pad id): no artifact may be tokenised or benchmarked longer."""
     n = config.get("max_position_embeddings")
     if n is None:
         return None
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert", "mpnet"):
         n -= (config.get("pad_token_id") or 1) + 1
     return n
 
