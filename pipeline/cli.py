@@ -33,23 +33,48 @@ def _fail(e: Exception | str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _guarded(body: Callable[[], T]) -> T:
+def _guarded(body: Callable[[], T], publishes_one: bool = False) -> T:
     """Run a command's body with the run's safety net: a stop signal (SIGINT, SIGTERM) ends it with 128 + the
-    signal and publishes nothing, a failed gate exits 1, a user error exits 2, each in one line."""
+    signal and publishes nothing more, a failed gate exits 1, a user error exits 2, each in one line.
+
+    A command that publishes one artifact (`publishes_one`) and got the signal only after publishing it is done:
+    it says so in one line and ends as a finished run, with the artifact's path.
+    """
     from pipeline import interrupts
     from pipeline.errors import GateError, PipelineError
 
     interrupts.arm()
     try:
-        return body()
+        result = body()
+        interrupts.check()  # a signal whose raise was dropped after the last check still stops the command
+        return result
     except GateError as e:
         _fail(e, 1)
     except PipelineError as e:
         _fail(e, 2)
     except interrupts.Interrupted as e:
-        _fail(f"{e}; nothing was published", e.exit_code)
+        return _stopped(e, publishes_one)
+    except Exception:
+        signum = interrupts.received()
+        if signum is None:
+            raise
+        # a library failing while the stop unwinds it (Prefect, caught creating a task run: "Task run is not set")
+        return _stopped(interrupts.Interrupted(signum), publishes_one)
     finally:
         interrupts.disarm()
+
+
+def _stopped(e: BaseException, publishes_one: bool):
+    """End a command that a stop signal interrupted: exit 128 + N saying what was published, or, for a command
+    that publishes one artifact and had published it, the artifact's path and a note."""
+    from pipeline import interrupts
+
+    done = interrupts.published()
+    if publishes_one and done:  # the run had finished its work: the signal changes nothing
+        typer.echo(f"note: {e} came after {done[-1]} was published; it stands", err=True)
+        return done[-1]
+    before = f"; published before it: {', '.join(done)}" if done else ""
+    _fail(f"{e}; nothing{' more' if done else ''} was published{before}", e.exit_code)
 
 
 def _setup_logging() -> None:
@@ -132,7 +157,7 @@ def deploy(
         _watch_helpers()
         return deploy_flow(request)
 
-    typer.echo(_guarded(run))
+    typer.echo(_guarded(run, publishes_one=True))
 
 
 def _watch_helpers() -> None:
@@ -285,7 +310,7 @@ def package_stage(
     _setup_logging()
     from flows.deploy import publish_work
 
-    typer.echo(_guarded(lambda: publish_work(Path(work), output, sign_key)))
+    typer.echo(_guarded(lambda: publish_work(Path(work), output, sign_key), publishes_one=True))
 
 
 @app.command()

@@ -10,18 +10,26 @@ every training step and just before publishing, so a dropped raise costs at most
 Exit codes follow the shell: 128 + the signal number (130 for SIGINT, 143 for SIGTERM). A second signal while
 the run cleans up (removing its staging folder) is recorded and ignored; a third ends the process at once (a
 staging folder it leaves is removed by the next run into the same output folder).
+
+Publishing is one rename, made inside `publishing()`: a signal that arrived before it stops the run there; one that
+arrives during or after it is recorded, not raised, and the artifact stands (`published()` names it), so no run
+ever says "nothing was published" about an artifact it published.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []  # every stop signal since arm(), in order
 _previous: dict[int, object] = {}
+_published: list[str] = []  # what this process published since arm()
+_holding = False  # inside `publishing()`: a signal is recorded, not raised
 
 
 class Interrupted(BaseException):
@@ -38,10 +46,10 @@ class Interrupted(BaseException):
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
-    if len(_received) == 1:
-        raise Interrupted(signum)
     if len(_received) >= 3:
         os._exit(128 + _received[0])
+    if len(_received) == 1 and not _holding:
+        raise Interrupted(signum)
 
 
 def arm() -> None:
@@ -70,6 +78,7 @@ def disarm() -> None:
         signal.signal(sig, previous)
     _previous.clear()
     _received.clear()
+    _published.clear()
 
 
 def received() -> int | None:
@@ -81,3 +90,21 @@ def check() -> None:
     """Raise `Interrupted` if a stop signal arrived, even one whose first raise was dropped."""
     if _received:
         raise Interrupted(_received[0])
+
+
+@contextlib.contextmanager
+def publishing(what: str) -> Iterator[None]:
+    """Around the rename that publishes `what`: stop here if a signal came first, else publish whatever comes."""
+    global _holding
+    check()  # the last moment a stop signal can keep the artifact from appearing
+    _holding = True
+    try:
+        yield
+        _published.append(what)
+    finally:
+        _holding = False
+
+
+def published() -> list[str]:
+    """What this process published since `arm()`."""
+    return list(_published)

@@ -71,6 +71,62 @@ def test_a_second_signal_during_cleanup_is_ignored(armed):
     assert info.value.signum == signal.SIGTERM
 
 
+def test_a_signal_while_publishing_lets_the_artifact_stand_and_says_so(tmp_path, capsys):
+    """A signal that lands in the rename (or after it) cannot unpublish: the command ends as a finished run,
+    prints the artifact's path and one note, and never says "nothing was published" about it."""
+    from pipeline.cli import _guarded
+
+    final = tmp_path / "artifact"
+
+    def body() -> str:
+        with interrupts.publishing(str(final)):
+            signal.raise_signal(signal.SIGINT)  # recorded, not raised: the rename below still happens
+            (tmp_path / "staging").mkdir()
+            os.replace(tmp_path / "staging", final)
+        return str(final)
+
+    assert _guarded(body, publishes_one=True) == str(final) and final.is_dir()
+    assert (
+        capsys.readouterr().err.strip() == f"note: interrupted by SIGINT came after {final} was published; it stands"
+    )
+
+
+def test_a_signal_before_publishing_stops_it(tmp_path, capsys):
+    from typer import Exit
+
+    from pipeline.cli import _guarded
+
+    def body() -> str:
+        signal.raise_signal(signal.SIGTERM)
+        with interrupts.publishing(str(tmp_path / "artifact")):
+            (tmp_path / "artifact").mkdir()
+        return "unreachable"
+
+    with pytest.raises(Exit) as info:
+        _guarded(body, publishes_one=True)
+    assert info.value.exit_code == 143 and not (tmp_path / "artifact").exists()
+    assert capsys.readouterr().err.strip() == "error: interrupted by SIGTERM; nothing was published"
+
+
+@DROPPED
+def test_a_library_error_while_the_stop_unwinds_is_still_a_stop(capsys):
+    """Prefect, interrupted while it creates a task run, raises its own error ("Task run is not set") in place of
+    ours: the command still ends as stopped, in one line, with 130."""
+    from typer import Exit
+
+    from pipeline.cli import _guarded
+
+    def body() -> str:
+        _SignalInCleanup(signal.SIGINT)  # recorded; the raise is dropped
+        gc.collect()
+        raise ValueError("Task run is not set")
+
+    with pytest.raises(Exit) as info:
+        _guarded(body, publishes_one=True)
+    assert info.value.exit_code == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted by SIGINT; nothing was published"
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny model and a cache shared by the module's runs (the teacher and compressed model are reused)."""

@@ -198,7 +198,7 @@ def run(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key:
             sign(staging, sign_key)
         except ArtifactError as e:
             raise PipelineError(str(e)) from None
-    interrupts.check()  # the last moment a stop signal can keep the artifact from appearing
-    os.replace(staging, final)
+    with interrupts.publishing(str(final)):
+        os.replace(staging, final)
     _release(staging)
     return final
