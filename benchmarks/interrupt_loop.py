@@ -7,8 +7,8 @@ Two uninterrupted runs of the same deploy come first: the first fills the cache 
 second measures how long a run takes once they are cached, as every later run's are; each later run gets the
 signal at a moment drawn uniformly from that duration. It prints one line per run (the moment, the last stage the
 log had reached, the exit code, what the output folder holds) and exits 1 if any run published or exited
-otherwise. A run that finished, or had published (it then says so and exits 0), before its signal arrived is
-counted apart, not as a pass.
+otherwise. A run that finished before its signal arrived, or had published (the output folder changed before the
+signal was sent, or the run says the signal came after publishing), is counted apart, not as a pass.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ STAGE = re.compile(r"Task run '([a-z_]+)-[0-9a-f]+' - Finished")
 
 
 def run_once(args: list[str], out: Path, env: dict, log: Path, delay: float | None, sig: int) -> dict:
-    start = time.monotonic()
+    start, sent = time.monotonic(), None
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "deploy", *args, "--output", str(out)],
                                 stdout=subprocess.DEVNULL, stderr=err, env=env)  # fmt: skip
@@ -40,12 +40,16 @@ def run_once(args: list[str], out: Path, env: dict, log: Path, delay: float | No
             try:
                 proc.wait(timeout=delay)
             except subprocess.TimeoutExpired:
+                sent = time.time()
                 proc.send_signal(sig)
         code = proc.wait(timeout=600)
     text = log.read_text()
     finished = STAGE.findall(text)
+    # the publishing rename is the last change to the output folder: its mtime says whether it preceded the signal
+    renamed = out.stat().st_mtime if out.exists() and any(out.iterdir()) else None
     return {
-        "published_first": "was published; it stands" in text,
+        "published_first": renamed is not None and sent is not None and renamed <= sent,
+        "noted": "was published; it stands" in text,
         "seconds": time.monotonic() - start,
         "code": code,
         "after": finished[-1] if finished else "start",
@@ -77,7 +81,7 @@ def main() -> int:
         for i in range(1, opts.runs + 1):
             delay = rng.uniform(0, duration)
             r = run_once(args, root / f"out-{i}", env, root / f"run-{i}.log", delay, sig)
-            if r["code"] == 0 and (r["seconds"] < delay or r["published_first"]):
+            if r["code"] == 0 and (r["seconds"] < delay or r["published_first"] or r["noted"]):
                 late += 1  # it ended, or published (a rename cannot be undone), before the signal arrived
                 verdict = "finished before the signal" if r["seconds"] < delay else "published before the signal"
             else:
