@@ -4,6 +4,7 @@ bench and package over it, with deploy's gates and one-line errors; `pipeline ev
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -16,6 +17,7 @@ def cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+@pytest.mark.e2e  # a whole deploy, stage by stage
 def test_every_stage_by_hand_makes_the_artifact_deploy_makes(classifier_dirs, tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     common = ("--task", "sst2", "--teacher", classifier_dirs["bert"], "--data-dir", SAMPLE, "--max-train", "200",

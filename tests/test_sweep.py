@@ -136,6 +136,7 @@ def test_a_bad_sweep_file_is_one_line(base_dirs, tmp_path, extra, needle):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e  # waits out the client's 10 s connection timeout
 def test_an_unreachable_dask_scheduler_is_one_line(base_dirs, tmp_path):
     from typer.testing import CliRunner
 
