@@ -5,6 +5,7 @@ there is a GPU (`gpu` marker): a method whose loss closes over the teacher must 
 device."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -35,9 +36,15 @@ def test_every_registered_method_is_in_the_matrix():
     assert sorted(MATRIX) == sorted(m.name for m in methods())
 
 
-def _context(kind: str):
+@functools.cache
+def _encoded(kind: str):
+    """The sample, tokenised for `kind`'s tokenizer (trained once per kind: most of a cell's time otherwise)."""
     data = load_task_data("sst2", source="sample", max_train=96, max_dev=32)
-    train_enc, val_enc = encode_task(tiny_family_tokenizer(kind), data, 32)
+    return encode_task(tiny_family_tokenizer(kind), data, 32)
+
+
+def _context(kind: str):
+    train_enc, val_enc = _encoded(kind)
     teacher = (tiny_model("bert", layers=2) if kind == "bert" else tiny_family_model(kind, layers=2)).requires_grad_(
         False
     )
