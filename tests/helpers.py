@@ -108,7 +108,14 @@ BYTE_LEVEL_KINDS = ("roberta", "xlm-roberta")
 
 
 def tiny_family_model(
-    kind: str, layers: int = 3, heads: int = 3, hidden: int = 36, ffn: int = 40, seed: int = 0, num_labels: int = 2
+    kind: str,
+    layers: int = 3,
+    heads: int = 3,
+    hidden: int = 36,
+    ffn: int = 40,
+    seed: int = 0,
+    num_labels: int = 2,
+    init_range: float = 0.2,
 ):
     """A random `*ForSequenceClassification` of family `kind` (one of FAMILY_KINDS), in eval mode."""
     from pipeline.models.families import random_model
@@ -119,7 +126,7 @@ def tiny_family_model(
         "deberta-v2": {"position_buckets": 16, "share_att_key": False},  # separate position projections
     }.get(kind, {})
     labels = dict(num_labels=num_labels, id2label={i: f"LABEL_{i}" for i in range(num_labels)})
-    common = dict(initializer_range=0.2, max_position_embeddings=160, **labels, **extra)
+    common = dict(initializer_range=init_range, max_position_embeddings=160, **labels, **extra)
     return random_model(kind, layers, heads, hidden, ffn, vocab=VOCAB, seed=seed, **common)
 
 

@@ -195,8 +195,10 @@ def test_deploy_publishes_an_exact_artifact_that_every_reader_answers_alike(kind
 
     from serving.session import ArtifactSession
 
-    # a speed target needs layers whose cost is not lost in the fixed cost of embeddings and runtime calls
-    shape = dict(layers=4, heads=3, hidden=96, ffn=384) if "--target-speedup" in TINY_METHOD[method] else {}
+    # a speed target needs layers whose cost is not lost in the fixed cost of embeddings and runtime calls; at that
+    # width a smaller init keeps logits O(1), so fp32 rounding stays well inside the 1e-5 compaction gate
+    target = "--target-speedup" in TINY_METHOD[method]
+    shape = dict(layers=4, heads=3, hidden=96, ffn=384, init_range=0.1) if target else {}
     model_dir = write_tiny_family_dir(tmp_path / "model", kind, **shape)
     _, artifact = quick_deploy(method, model_dir, tmp_path, *TINY_METHOD[method])
     report = json.loads((artifact / "report.json").read_text())
