@@ -53,10 +53,9 @@ def _kill_units(model) -> None:
     blocks = encoder_layers(model)
     d = family.head_size(blocks[0])
     blocks[0].get_submodule(family.head_writer.path).weight[:, :d] = 0
-    path, segment = family.value
-    v = blocks[1].get_submodule(path).weight
-    segments = next(m.segments for m in family.head_readers if m.path == path)
-    v.view(segments, -1, d, v.shape[1])[segment, 1] = 0
+    matrix, segment = family.value
+    v = blocks[1].get_submodule(matrix.path).weight
+    v.view(matrix.segments, -1, d, v.shape[1])[segment, 1] = 0
     blocks[2].get_submodule(family.head_writer.path).weight.zero_()
     blocks[0].get_submodule(family.ffn_writer.path).weight[:, :5] = 0
     (reader,) = family.ffn_readers

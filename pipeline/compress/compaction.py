@@ -36,22 +36,14 @@ from pipeline.models.layers import (
 )
 
 
-def _at(block: nn.Module, path: str) -> nn.Linear:
-    return block.get_submodule(path)
-
-
 @torch.no_grad()
 def fold_scale_(family: Family, layer: nn.Module) -> bool:
     """Fold a ScaledLinear's constant into its weight (`W2[:, j] *= P_j`); True if there was one."""
     path = family.ffn_writer.path
-    fc2 = _at(layer, path)
+    fc2 = layer.get_submodule(path)
     if not isinstance(fc2, ScaledLinear):
         return False
-    fc2.weight.mul_(fc2.scale.to(fc2.weight.dtype)[None, :])
-    plain = nn.Linear(fc2.in_features, fc2.out_features, bias=fc2.bias is not None, device="meta")
-    plain.weight, plain.bias = fc2.weight, fc2.bias  # the same Parameters, now without the scale
-    parent, _, attr = path.rpartition(".")
-    setattr(layer.get_submodule(parent), attr, plain)
+    layer.set_submodule(path, fc2.folded())
     return True
 
 
@@ -62,11 +54,11 @@ def drop_dead_neurons_(family: Family, layer: nn.Module) -> int:
     A gated neuron's input rows are its up-projection and gate rows; its constant is act(b_in) * b_gate. Without
     an output bias a non-zero constant has nowhere to go, so such a neuron stays.
     """
-    fc2 = _at(layer, family.ffn_writer.path)
+    fc2 = layer.get_submodule(family.ffn_writer.path)
     silent = (fc2.weight == 0).all(dim=0)
     constant = ~silent
     for m in family.ffn_readers:
-        w = _at(layer, m.path).weight
+        w = layer.get_submodule(m.path).weight
         constant &= (w.view(m.segments, -1, w.shape[1]) == 0).all(dim=2).all(dim=0)
     if constant.any():
         values = neuron_constants(family, layer, constant)
@@ -92,10 +84,9 @@ def drop_dead_heads_(family: Family, layer: nn.Module) -> int:
     if n == 0:
         return 0
     d = family.head_size(layer)
-    out = _at(layer, family.head_writer.path)
-    path, segment = family.value
-    value = _at(layer, path)
-    segments = next(m.segments for m in head_readers(family, layer) if m.path == path)
+    out = layer.get_submodule(family.head_writer.path)
+    matrix, segment = family.value
+    value, segments = layer.get_submodule(matrix.path), matrix.segments
     silent = (out.weight.reshape(out.out_features, n, d) == 0).all(dim=2).all(dim=0)
     constant = (value.weight.view(segments, n, d, -1)[segment] == 0).all(dim=2).all(dim=1) & ~silent
     if constant.any():
@@ -165,17 +156,22 @@ def narrow_(model: nn.Module, heads: int | None, ffn: int | None) -> dict:
         if heads is not None and heads < n_heads:
             d = family.head_size(layer)
             reads = sum(
-                _at(layer, m.path).weight.view(m.segments, n_heads, d, -1).pow(2).sum((0, 2, 3))
+                layer.get_submodule(m.path).weight.view(m.segments, n_heads, d, -1).pow(2).sum((0, 2, 3))
                 for m in head_readers(family, layer)
             )
-            out = _at(layer, family.head_writer.path).weight
+            out = layer.get_submodule(family.head_writer.path).weight
             writes = out.view(out.shape[0], n_heads, d).pow(2).sum((0, 2))
             drop = (reads.sqrt() * writes.sqrt()).argsort()[: n_heads - heads]
             out.view(out.shape[0], n_heads, d)[:, drop] = 0
-        w2 = _at(layer, family.ffn_writer.path).weight
+        w2 = layer.get_submodule(family.ffn_writer.path).weight
         if ffn is not None and ffn < w2.shape[1]:
             (m,) = family.ffn_readers  # a gated neuron reads two rows: its norm is over both
-            w1 = _at(layer, m.path).weight.view(m.segments, w2.shape[1], -1).transpose(0, 1).reshape(w2.shape[1], -1)
+            w1 = (
+                layer.get_submodule(m.path)
+                .weight.view(m.segments, w2.shape[1], -1)
+                .transpose(0, 1)
+                .reshape(w2.shape[1], -1)
+            )
             drop = (w1.norm(dim=1) * w2.norm(dim=0)).argsort()[: w2.shape[1] - ffn]
             w2[:, drop] = 0
     return compact_(model)

@@ -166,13 +166,11 @@ class Masker:
         for i, layer in enumerate(encoder_layers(model)):
 
             def wrap(path: str, layer: nn.Module = layer, i: int = i) -> MaskedLinear:
-                parent_path, _, attr = path.rpartition(".")
-                parent = layer.get_submodule(parent_path)
-                lin = getattr(parent, attr)
+                lin = layer.get_submodule(path)
                 if isinstance(lin, MaskedLinear):
                     return lin
                 masked = MaskedLinear(lin)
-                setattr(parent, attr, masked)
+                layer.set_submodule(path, masked)
                 wrappers[f"{i}.{path}"] = masked
                 return masked
 
@@ -301,8 +299,7 @@ class Masker:
         layers = encoder_layers(model)
         for key, wrapper in self.wrappers.items():
             i, _, path = key.partition(".")
-            parent_path, _, attr = path.rpartition(".")
-            setattr(layers[int(i)].get_submodule(parent_path), attr, wrapper.bake())
+            layers[int(i)].set_submodule(path, wrapper.bake())
         self.wrappers = {}
 
     def summary(self) -> dict:

@@ -132,8 +132,7 @@ def load_model(path: str | Path) -> PreTrainedModel:
             resize_ffn_(family, block, fc2.shape[1])
         scale = state.get(f"{prefix}.{writer}.scale")
         if scale is not None:  # MLP Fusion's cluster sizes, not yet folded (a compressed, uncompacted model)
-            parent, _, attr = writer.rpartition(".")
-            setattr(block.get_submodule(parent), attr, ScaledLinear(block.get_submodule(writer), scale))
+            block.set_submodule(writer, ScaledLinear(block.get_submodule(writer), scale))
         family.prepare_load_(block, prefix, state)
     _check_declared_shapes(model, config, path)
     try:

@@ -33,6 +33,14 @@ class ScaledLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x * self.scale, self.weight, self.bias)
 
+    @torch.no_grad()
+    def folded(self) -> nn.Linear:
+        """The same map as a plain Linear: `W[:, j] *= scale_j`, in place (the same Parameters, no scale)."""
+        self.weight.mul_(self.scale.to(self.weight.dtype)[None, :])
+        plain = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        plain.weight, plain.bias = self.weight, self.bias
+        return plain
+
 
 def new_linear(
     in_features: int, out_features: int, dtype: torch.dtype = torch.float32, bias: bool = True
@@ -74,7 +82,6 @@ class HeadlessAttention(nn.Module):
     """
 
     headless = True
-    num_attention_heads = 0
 
     def __init__(self, family: Family, attention: nn.Module) -> None:
         super().__init__()
@@ -91,7 +98,7 @@ class HeadlessAttention(nn.Module):
         self.dropout = None
         if self.norm_path:
             _place(self, self.norm_path, attention.get_submodule(self.norm_path))
-            parent = attention.get_submodule(self.norm_path.rpartition(".")[0]) if "." in self.norm_path else attention
+            parent = attention.get_submodule(self.norm_path.rpartition(".")[0])  # "" is the module itself
             self.dropout = getattr(parent, "dropout", None)
 
     def forward(self, *args, **kwargs) -> tuple[torch.Tensor] | tuple[torch.Tensor, None]:
@@ -117,22 +124,13 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def ffn_widths(model: nn.Module) -> list[int]:
     family = family_of(model)
-    return [_linear(block, family.ffn_writer.path).in_features for block in family.layers(model)]
+    return [block.get_submodule(family.ffn_writer.path).in_features for block in family.layers(model)]
 
 
 def head_counts(model: nn.Module) -> list[int]:
     """Heads per layer (0 for a HeadlessAttention layer)."""
     family = family_of(model)
     return [family.heads(block) for block in family.layers(model)]
-
-
-def _linear(block: nn.Module, path: str) -> nn.Linear:
-    return block.get_submodule(path)
-
-
-def _set_linear(block: nn.Module, path: str, linear: nn.Module) -> None:
-    parent, _, attr = path.rpartition(".")
-    setattr(block.get_submodule(parent) if parent else block, attr, linear)
 
 
 def head_readers(family: Family, block: nn.Module):
@@ -160,14 +158,14 @@ def keep_heads_(family: Family, block: nn.Module, keep: torch.Tensor) -> None:
     if keep.all():
         return
     if not keep.any():
-        _set_linear(block, family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
+        block.set_submodule(family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
         return
     d = family.head_size(block)
     for m in head_readers(family, block):
         rows = keep.repeat_interleave(d).repeat(m.segments)
-        _set_linear(block, m.path, _cut(_linear(block, m.path), rows=rows))
+        block.set_submodule(m.path, _cut(block.get_submodule(m.path), rows=rows))
     writer = family.head_writer.path
-    _set_linear(block, writer, _cut(_linear(block, writer), cols=keep.repeat_interleave(d)))
+    block.set_submodule(writer, _cut(block.get_submodule(writer), cols=keep.repeat_interleave(d)))
     family.heads_kept_(block, keep)
     family.set_heads_(block, int(keep.sum()))
 
@@ -177,32 +175,32 @@ def keep_neurons_(family: Family, block: nn.Module, keep: torch.Tensor) -> None:
     if keep.all():
         return
     for m in family.ffn_readers:
-        _set_linear(block, m.path, _cut(_linear(block, m.path), rows=keep.repeat(m.segments)))
+        block.set_submodule(m.path, _cut(block.get_submodule(m.path), rows=keep.repeat(m.segments)))
     writer = family.ffn_writer.path
-    _set_linear(block, writer, _cut(_linear(block, writer), cols=keep))
+    block.set_submodule(writer, _cut(block.get_submodule(writer), cols=keep))
 
 
 def resize_heads_(family: Family, block: nn.Module, heads: int) -> None:
     """Placeholder attention matrices for `heads` heads of the same size (weights are loaded next); 0 heads
     installs HeadlessAttention."""
     if heads == 0:
-        _set_linear(block, family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
+        block.set_submodule(family.attention, HeadlessAttention(family, block.get_submodule(family.attention)))
         return
     d = family.head_size(block)
     for m in head_readers(family, block):
-        old = _linear(block, m.path)
-        _set_linear(block, m.path, _resized(old, out_features=heads * d * m.segments))
-    old = _linear(block, family.head_writer.path)
-    _set_linear(block, family.head_writer.path, _resized(old, in_features=heads * d))
+        old = block.get_submodule(m.path)
+        block.set_submodule(m.path, _resized(old, out_features=heads * d * m.segments))
+    old = block.get_submodule(family.head_writer.path)
+    block.set_submodule(family.head_writer.path, _resized(old, in_features=heads * d))
     family.set_heads_(block, heads)
 
 
 def resize_ffn_(family: Family, block: nn.Module, width: int) -> None:
     """Placeholder FFN matrices of `width` neurons (weights are loaded next)."""
     for m in family.ffn_readers:
-        _set_linear(block, m.path, _resized(_linear(block, m.path), out_features=width * m.segments))
-    old = _linear(block, family.ffn_writer.path)
-    _set_linear(block, family.ffn_writer.path, _resized(old, in_features=width))
+        block.set_submodule(m.path, _resized(block.get_submodule(m.path), out_features=width * m.segments))
+    old = block.get_submodule(family.ffn_writer.path)
+    block.set_submodule(family.ffn_writer.path, _resized(old, in_features=width))
 
 
 def _resized(old: nn.Linear, in_features: int | None = None, out_features: int | None = None) -> nn.Linear:
@@ -217,7 +215,7 @@ def _resized(old: nn.Linear, in_features: int | None = None, out_features: int |
 def neuron_constants(family: Family, block: nn.Module, which: torch.Tensor) -> torch.Tensor:
     """What the neurons `which` emit when their input rows are all zero: act(b1), or act(b_in) * b_gate gated."""
     (m,) = family.ffn_readers
-    fc1 = _linear(block, m.path)
+    fc1 = block.get_submodule(m.path)
     bias = fc1.bias if fc1.bias is not None else fc1.weight.new_zeros(fc1.out_features)
     act = family.act(block)
     if family.gated:

@@ -35,7 +35,6 @@ class Arch:
     ffn: int
     head_dim: int
     vocab: int
-    max_positions: int
     gated: bool = False  # three FFN matrices (up, gate, down) instead of two
 
 
@@ -51,7 +50,7 @@ class Family:
     counts: str  # the module that holds the head count attributes
     head_readers: tuple[Matrix, ...]
     head_writer: Matrix
-    value: tuple[str, int]  # the matrix and segment that hold V (a head with V = 0 outputs its bias)
+    value: tuple[Matrix, int]  # the reader and segment that hold V (a head with V = 0 outputs its bias)
     ffn_readers: tuple[Matrix, ...]
     ffn_writer: Matrix
     activation: str  # the FFN's activation module
@@ -71,7 +70,6 @@ class Family:
             ffn=config["intermediate_size"],
             head_dim=config.get("attention_head_size") or hidden // heads,
             vocab=config["vocab_size"],
-            max_positions=config.get("max_position_embeddings", 512),
             gated=self.gated,
         )
 
@@ -86,9 +84,7 @@ class Family:
         return getattr(model, "base_model", model).get_submodule(self.layers_path)
 
     def set_layers_(self, model: nn.Module, blocks: list[nn.Module]) -> None:
-        parent, _, attr = self.layers_path.rpartition(".")
-        base = getattr(model, "base_model", model)
-        setattr(base.get_submodule(parent) if parent else base, attr, nn.ModuleList(blocks))
+        getattr(model, "base_model", model).set_submodule(self.layers_path, nn.ModuleList(blocks))
         setattr(model.config, self.layers_field, len(blocks))
 
     def head_size(self, block: nn.Module) -> int:

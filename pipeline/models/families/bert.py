@@ -20,7 +20,7 @@ class Bert(Family):
         Matrix("attention.self.value", "value"),
     )
     head_writer = Matrix("attention.output.dense", "attn_out")
-    value = ("attention.self.value", 0)
+    value = (head_readers[2], 0)
     ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"

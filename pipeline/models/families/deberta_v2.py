@@ -25,7 +25,7 @@ class DebertaV2(Family):
         Matrix("attention.self.pos_query_proj", "pos_query"),
     )
     head_writer = Matrix("attention.output.dense", "attn_out")
-    value = ("attention.self.value_proj", 0)
+    value = (head_readers[2], 0)
     ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"

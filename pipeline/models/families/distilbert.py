@@ -22,7 +22,7 @@ class DistilBert(Family):
         Matrix("attention.v_lin", "value"),
     )
     head_writer = Matrix("attention.out_lin", "attn_out")
-    value = ("attention.v_lin", 0)
+    value = (head_readers[2], 0)
     ffn_readers = (Matrix("ffn.lin1", "ffn_in"),)
     ffn_writer = Matrix("ffn.lin2", "ffn_out")
     activation = "ffn.activation"
@@ -43,7 +43,6 @@ class DistilBert(Family):
             ffn=config["hidden_dim"],
             head_dim=config["dim"] // config["n_heads"],
             vocab=config["vocab_size"],
-            max_positions=config.get("max_position_embeddings", 512),
         )
 
     def _count(self, counts: nn.Module) -> int:

@@ -23,7 +23,7 @@ class ModernBert(Family):
     counts = "attn"
     head_readers = (Matrix("attn.Wqkv", "qkv", segments=3),)
     head_writer = Matrix("attn.Wo", "attn_out")
-    value = ("attn.Wqkv", 2)
+    value = (head_readers[0], 2)
     ffn_readers = (Matrix("mlp.Wi", "ffn_in", segments=2),)
     ffn_writer = Matrix("mlp.Wo", "ffn_out")
     activation = "mlp.act"

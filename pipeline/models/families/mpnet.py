@@ -50,7 +50,7 @@ class MPNet(Family):
         Matrix("attention.attn.v", "value"),
     )
     head_writer = Matrix("attention.attn.o", "attn_out")
-    value = ("attention.attn.v", 0)
+    value = (head_readers[2], 0)
     ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"

@@ -72,8 +72,7 @@ def fuse_layer_(family: Family, layer: nn.Module, clusters: KMeansResult) -> Non
             new_fc2.bias.copy_(fc2.bias)  # b2 is not clustered
     (m,) = family.ffn_readers
     for path, module in ((m.path, new_fc1), (family.ffn_writer.path, ScaledLinear(new_fc2, clusters.counts.float()))):
-        parent, _, attr = path.rpartition(".")
-        setattr(layer.get_submodule(parent), attr, module.to(fc1.weight.device))
+        layer.set_submodule(path, module.to(fc1.weight.device))
 
 
 def fuse_(model: nn.Module, cfg: MlpFusionConfig) -> dict:
