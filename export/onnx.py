@@ -22,6 +22,23 @@ OPSET = 18
 EXPORT_LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
 
 
+def library_versions(names: tuple[str, ...] = EXPORT_LIBRARIES) -> dict[str, str]:
+    """The installed versions of `names` (those installed). ONNX Runtime's is the imported module's own:
+    onnxruntime-gpu installs under another distribution name beside (or instead of) onnxruntime, whose version may
+    be another one."""
+    from importlib import metadata
+
+    import onnxruntime
+
+    found = {}
+    for name in names:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[name] = metadata.version(name)
+    if "onnxruntime" in names:
+        found["onnxruntime"] = onnxruntime.__version__
+    return found
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence the exporter's tracer warnings and the quantiser's root-logger advice (both expected here)."""

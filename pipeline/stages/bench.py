@@ -10,7 +10,8 @@ from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
 from pipeline.config.schema import BenchSettings
 from pipeline.models.families import arch_of
 from pipeline.models.folders import param_count
-from pipeline.stages.package import DENSE_GRAPHS, WORK
+from pipeline.stages.export import DENSE_GRAPHS
+from pipeline.stages.package import WORK
 from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH
 
 log = logging.getLogger(__name__)

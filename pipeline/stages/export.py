@@ -7,22 +7,23 @@ import hashlib
 import json
 import logging
 import shutil
-from importlib import metadata
 from pathlib import Path
 
-from export.onnx import EXPORT_LIBRARIES, OPSET, export_optimized
-from pipeline.cache import cached_build, dir_digest, key_of
+from export.onnx import OPSET, export_optimized, library_versions
+from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
 from pipeline.config.schema import ExportSettings
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
-from pipeline.stages.package import DENSE_GRAPHS, DENSE_STEM, WORK, stamp_task
+from pipeline.stages.package import WORK, stamp_task
 from serving.artifact import PYTORCH
 
 log = logging.getLogger(__name__)
 
-DENSE_EXPORT_VERSION = "1"  # bump when the export, fusion or quantisation of the dense graphs changes
+DENSE_STEM = "dense"
+DENSE_GRAPHS = {"fp32": f"{DENSE_STEM}.onnx", "int8": f"{DENSE_STEM}.int8.onnx"}  # in the work folder, for bench
+DENSE_EXPORT_VERSION = "2"  # bump when the dense export, fusion, int8 or entry layout changes (2: the stage report)
 
 
 def dense_graphs(teacher_dir: str, cache_dir: str, calibration: list[dict] | None = None) -> tuple[Path, bool]:
@@ -34,13 +35,13 @@ def dense_graphs(teacher_dir: str, cache_dir: str, calibration: list[dict] | Non
         v=DENSE_EXPORT_VERSION,
         teacher=dir_digest(Path(teacher_dir)),
         opset=OPSET,
-        versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
+        versions=library_versions(),
         int8=None if calibration is None else hashlib.sha256(json.dumps(calibration).encode()).hexdigest(),
     )
 
     def build(out: Path) -> None:
         stats = export_optimized(load_model(teacher_dir), None, out, stem=DENSE_STEM, calibration=calibration)
-        (out / "export.json").write_text(json.dumps(stats))
+        write_report(out, stats)
 
     return cached_build(Path(cache_dir), "dense_onnx", key, build)
 
@@ -66,6 +67,6 @@ def run(
     entry, hit = dense_graphs(teacher_dir, cache_dir, calibration)
     for name in DENSE_GRAPHS.values():
         shutil.copy2(entry / name, staging_path / WORK / name)  # a copy: the run never touches the cache entry
-    report["dense"] = {**json.loads((entry / "export.json").read_text()), "cached": hit}
+    report["dense"] = {**read_report(entry), "cached": hit}
     log.info("dense teacher ONNX: %s (%s)", entry, "cached" if hit else "exported now")
     return report

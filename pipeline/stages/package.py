@@ -7,12 +7,12 @@ staging folders are never touched, so concurrent runs into one folder are safe.
 
 Layout: model.onnx (fused fp32), model.int8.onnx, config.json (id2label, per-layer heads and FFN widths, the task
 block: labels, text columns, pair or not, metric), tokenizer files, pytorch/ (compacted safetensors), report.json,
-report.md, latency.png, manifest.json (sha256 of every file, versions, inputs, config, the task, git revision).
+report.md, latency.png, README.md (the model card), manifest.json (sha256 of every file, versions, inputs, config,
+the task, git revision), and with a signing key model.sig.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -22,9 +22,9 @@ import platform
 import shutil
 import subprocess
 import time
-from importlib import metadata
 from pathlib import Path
 
+from export.onnx import library_versions
 from pipeline import interrupts
 from pipeline.data.tasks import task_spec
 from pipeline.errors import PipelineError
@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".staging-"
 WORK = ".work"  # inside a staging folder: what the run needs but does not publish (the dense graphs)
-DENSE_STEM = "dense"
-DENSE_GRAPHS = {"fp32": f"{DENSE_STEM}.onnx", "int8": f"{DENSE_STEM}.int8.onnx"}  # in WORK, for the benchmark
 _held: dict[Path, int] = {}  # staging folder -> the descriptor holding its lock, for this process's live runs
 VERSIONED = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "prefect", "encoder-deploy")
 
@@ -120,16 +118,8 @@ def discard(staging: str | Path) -> None:
 
 
 def versions() -> dict[str, str]:
-    """The versions that made the artifact. ONNX Runtime's is the imported module's own: onnxruntime-gpu installs
-    under another distribution name beside (or instead of) onnxruntime, whose version may be another one."""
-    import onnxruntime
-
-    found = {"python": platform.python_version()}
-    for dist in VERSIONED:
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            found[dist] = metadata.version(dist)
-    found["onnxruntime"] = onnxruntime.__version__
-    return found
+    """The versions that made the artifact (ONNX Runtime's as the imported module says: `library_versions`)."""
+    return {"python": platform.python_version(), **library_versions(VERSIONED)}
 
 
 def git_revision() -> str:
@@ -156,8 +146,8 @@ def _task_block(staging: Path) -> dict | None:
     return json.loads(path.read_text()).get(TASK_KEY) if path.is_file() else None
 
 
-def _model_card(report: dict, staging: Path, inputs: dict, config: dict) -> str:
-    task = _task_block(staging) or {"name": report["task"], "labels": [], "pair": False}
+def _model_card(report: dict, task: dict | None, inputs: dict, config: dict) -> str:
+    task = task or {"name": report["task"], "labels": [], "pair": False}
     spec = task_spec(config["task"], config.get("custom_task")) if "task" in config else None
     default = str(default_model_path()) if inputs.get("model") else None
     base = base_model_info(inputs.get("model"), default)
@@ -180,7 +170,8 @@ def run(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key:
     report = {**report, "versions": versions(), "artifact": final.name}
     (staging / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str))
     (staging / REPORT_MD).write_text(render_markdown(report))
-    (staging / MODEL_CARD).write_text(_model_card(report, staging, inputs, config))
+    task = _task_block(staging)
+    (staging / MODEL_CARD).write_text(_model_card(report, task, inputs, config))
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {
         "artifact": final.name,
@@ -190,7 +181,7 @@ def run(staging: str | Path, report: dict, inputs: dict, config: dict, sign_key:
         "git_revision": git_revision(),
         "inputs": inputs,
         "config": config,
-        "task": _task_block(staging),
+        "task": task,
     }
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
     if sign_key is not None:

@@ -11,24 +11,23 @@ for quiet in between), then refused, or with `target.accept_busy` used by this r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import tempfile
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
-from export.onnx import EXPORT_LIBRARIES, export_optimized
+from export.onnx import export_optimized, library_versions
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
 from pipeline.compress.compaction import cut_from
 from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
 from pipeline.errors import PipelineError
-from pipeline.models.families import arch_of
-from pipeline.stages.export import dense_graphs
-from pipeline.stages.package import DENSE_GRAPHS
+from pipeline.models.families import Arch, arch_of
+from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
 from serving.artifact import CONFIG, GRAPHS
 
 log = logging.getLogger(__name__)
@@ -46,11 +45,10 @@ class _Uncached(Exception):
         self.record = record
 
 
-def grid(teacher_cfg: dict, target: TargetConfig) -> tuple[list[int], list[int]]:
-    arch = arch_of(teacher_cfg)
-    heads, ffn = arch.heads, arch.ffn
-    h = sorted({max(1, round(f * heads)) for f in target.heads_grid})
-    f = sorted({max(1, round(x * ffn)) for x in target.ffn_grid})
+def grid(arch: Arch, target: TargetConfig) -> tuple[list[int], list[int]]:
+    """The probes' head counts and FFN widths: the grid's fractions of the teacher's."""
+    h = sorted({max(1, round(f * arch.heads)) for f in target.heads_grid})
+    f = sorted({max(1, round(x * arch.ffn)) for x in target.ffn_grid})
     return h, f
 
 
@@ -67,20 +65,20 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
         PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
     """
     cfg = json.loads((Path(teacher_dir) / CONFIG).read_text())
-    heads, ffn = grid(cfg, target)
-    threads = bench.threads or physical_cores()
     arch = arch_of(cfg)
+    heads, ffn = grid(arch, target)
+    threads = bench.threads or physical_cores()
     key = key_of(
         stage="latency-table",
         v=TABLE_VERSION,
         family=cfg["model_type"],
-        arch=arch.__dict__,
+        arch=dataclasses.asdict(arch),
         heads=heads,
         ffn=ffn,
         shape=(target.batch, target.seq),
         threads=threads,
         cpu=cpu_name(),
-        versions={d: metadata.version(d) for d in EXPORT_LIBRARIES},
+        versions=library_versions(),
     )
     settings = bench.model_copy(
         update={
@@ -93,8 +91,8 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
 
     def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
-            models = _export_probes(teacher_dir, cfg, heads, ffn, Path(tmp), cache_dir)
-            record = _measure_until_quiet(lambda: _time_probes(models, cfg, heads, ffn, settings), target, settings)
+            models = _export_probes(teacher_dir, heads, ffn, Path(tmp), cache_dir)
+            record = _measure_until_quiet(lambda: _time_probes(models, arch, heads, ffn, settings), target, settings)
         if record["machine"]["busy"]:
             raise _Uncached(record)
         (out / TABLE_FILE).write_text(json.dumps(record, indent=2))
@@ -108,7 +106,7 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
     return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
 
 
-def _export_probes(teacher_dir: str, cfg: dict, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> dict:
+def _export_probes(teacher_dir: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> dict:
     """Every probe's int8 graph, and the dense fp32 teacher's (the graph deploy benchmarks), by probe name."""
     from pipeline.models.io import load_model
 
@@ -123,10 +121,9 @@ def _export_probes(teacher_dir: str, cfg: dict, heads: list[int], ffn: list[int]
     return models
 
 
-def _time_probes(models: dict, cfg: dict, heads: list[int], ffn: list[int], settings: BenchSettings) -> dict:
+def _time_probes(models: dict, arch: Arch, heads: list[int], ffn: list[int], settings: BenchSettings) -> dict:
     """One timing of every probe: the table's fields, the device and the machine's load."""
     log.info("latency table: timing %d probes at %dx%d", len(models), settings.batch_sizes[0], settings.seq_lens[0])
-    arch = arch_of(cfg)
     result = benchmark(models, arch.vocab, settings)
     p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
     smallest = p50[f"{heads[0]}x{ffn[0]}"]

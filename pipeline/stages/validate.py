@@ -16,7 +16,8 @@ from pipeline.data.loaders import DataRef
 from pipeline.errors import GateError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
-from pipeline.stages.package import DENSE_GRAPHS, WORK
+from pipeline.stages.export import DENSE_GRAPHS
+from pipeline.stages.package import WORK
 from pipeline.train.metrics import predict_logits, scores
 from serving.artifact import GRAPHS, PYTORCH
 
