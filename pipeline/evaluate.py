@@ -14,7 +14,7 @@ from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.train.metrics import scores
-from serving.artifact import CONFIG, GRAPHS, MANIFEST, REPORT_JSON, TOKENIZER, ArtifactError, verify
+from serving.artifact import CONFIG, GRAPHS, MANIFEST, REPORT_JSON, TOKENIZER, ArtifactError, read_manifest, verify
 
 
 def evaluate_artifact(
@@ -40,7 +40,7 @@ def evaluate_artifact(
     if split not in ("train", "validation", "dev"):
         raise PipelineError(f"unknown split {split!r}: train, validation or dev")
     report = json.loads((artifact / REPORT_JSON).read_text())
-    config = json.loads((artifact / MANIFEST).read_text())["config"]
+    config = read_manifest(artifact)["config"]
     limits = DataLimits.model_validate(config["data"])
     custom = config.get("custom_task")
     if task_file is not None:
