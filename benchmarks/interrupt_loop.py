@@ -45,7 +45,8 @@ def run_once(args: list[str], out: Path, env: dict, log: Path, delay: float | No
         code = proc.wait(timeout=600)
     text = log.read_text()
     finished = STAGE.findall(text)
-    # the publishing rename is the last change to the output folder: its mtime says whether it preceded the signal
+    # the publishing rename and, just after it, the removal of the staging lock are the output folder's last
+    # changes: an mtime before the signal means both preceded it (a signal between them the run notes itself)
     renamed = out.stat().st_mtime if out.exists() and any(out.iterdir()) else None
     return {
         "published_first": renamed is not None and sent is not None and renamed <= sent,

@@ -1,4 +1,5 @@
-"""Command line: `pipeline deploy`, `schedule`, `sweep`, `serve`, `methods`, `tasks`.
+"""Command line: `pipeline deploy`, `schedule`, the stage commands (`compress` … `package`), `evaluate`, `sweep`,
+`serve`, `base-model`, `methods`, `tasks`.
 
 Heavy imports (torch, transformers, Prefect) happen inside the commands, so `pipeline --help` stays fast.
 """
@@ -306,7 +307,7 @@ def package_stage(
         str | None, typer.Option(help="Sign it with this elliptic-curve private key; default: compress's key.")
     ] = None,
 ) -> None:
-    """Stage 6 by hand: publish the work folder as an artifact (report, manifest) in one rename."""
+    """Stage 6 by hand: publish the work folder as an artifact (report, model card, manifest) in one rename."""
     _setup_logging()
     from flows.deploy import publish_work
 

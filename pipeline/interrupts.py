@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-_received: list[int] = []  # every stop signal since arm(), in order
+_received: list[int] = []  # every stop signal since the process armed (disarm() clears), in order
 _previous: dict[int, object] = {}
-_published: list[str] = []  # what this process published since arm()
+_published: list[str] = []  # what this process published since it armed (disarm() clears)
 _holding = False  # inside `publishing()`: a signal is recorded, not raised
 
 
@@ -82,7 +82,7 @@ def disarm() -> None:
 
 
 def received() -> int | None:
-    """The first stop signal received since `arm()`, if any."""
+    """The first stop signal received since the handler was first armed (after `disarm()`), if any."""
     return _received[0] if _received else None
 
 
@@ -106,5 +106,5 @@ def publishing(what: str) -> Iterator[None]:
 
 
 def published() -> list[str]:
-    """What this process published since `arm()`."""
+    """What this process published since the handler was first armed (after `disarm()`)."""
     return list(_published)

@@ -161,12 +161,18 @@ def write_tiny_model_dir(path: str | Path, kind: str = "bert", classifier: bool 
     return path
 
 
-def sample_logits(model, seed=0):
-    """Logits of a fixed random batch of 4 × 12 token ids, one row padded (torch, no grad)."""
+def sample_inputs(seed=0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random batch of 4 × 12 token ids and its attention mask, one row padded."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 300, (4, 12), generator=g)
     mask = torch.ones_like(ids)
     mask[1, 7:] = 0
+    return ids, mask
+
+
+def sample_logits(model, seed=0):
+    """Logits of `sample_inputs(seed)` (torch, no grad)."""
+    ids, mask = sample_inputs(seed)
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=mask).logits
 

@@ -2,9 +2,9 @@
 
 Fast, in-process: compaction of dead and constant heads and neurons (and a layer left with no head) is exact and
 reloads at the real shapes; a student cut from any layers reloads as it was; MLP Fusion (gated FFNs included)
-and head/neuron masks compact exactly; the ONNX graph matches torch. `slow`: every registered method trains on
-every family. `e2e`: `pipeline deploy` per family, the artifact answered alike by Optimum, transformers'
-pipeline and the server.
+and head/neuron masks compact exactly; the ONNX graph matches torch. `e2e`: `pipeline deploy` per family, the
+artifact answered alike by Optimum, transformers' pipeline and the server (every registered method training on
+every family in-process is `tests/test_methods.py`, also `e2e`).
 """
 
 import json
@@ -33,6 +33,7 @@ from tests.helpers import (
     assert_one_line_error,
     cli_deploy,
     quick_deploy,
+    sample_inputs,
     sample_logits,
     tiny_family_model,
     write_tiny_family_dir,
@@ -60,7 +61,7 @@ def _kill_units(model) -> None:
     blocks[0].get_submodule(family.ffn_writer.path).weight[:, :5] = 0
     (reader,) = family.ffn_readers
     w1 = blocks[1].get_submodule(reader.path).weight
-    w1.view(reader.segments, 40, -1)[:, 3:7] = 0
+    w1.view(reader.segments, ffn_widths(model)[1], -1)[:, 3:7] = 0
 
 
 @each_family
@@ -125,10 +126,7 @@ def test_onnx_graph_matches_torch(kind, tmp_path):
     _kill_units(model)
     compact_(model)
     export_optimized(model, None, tmp_path)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(5, 300, (4, 12), generator=g)
-    mask = torch.ones_like(ids)
-    mask[1, 7:] = 0
+    ids, mask = sample_inputs()
     feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
     session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
@@ -138,13 +136,18 @@ def test_onnx_graph_matches_torch(kind, tmp_path):
     assert np.abs(out - ref).max() <= 1e-4 and (out.argmax(1) == ref.argmax(1)).all()
 
 
-def test_an_unsupported_family_is_one_line_naming_the_supported(tmp_path):
+def _albert_dir(path):
+    """A tiny ALBERT classifier folder: a family without an adapter (its layers share weights)."""
     from transformers import AlbertConfig, AlbertForSequenceClassification
 
     albert = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=16, num_attention_heads=2))
-    albert.save_pretrained(str(tmp_path))
+    albert.save_pretrained(str(path))
+    return path
+
+
+def test_an_unsupported_family_is_one_line_naming_the_supported(tmp_path):
     with pytest.raises(PipelineError, match=r"model_type 'albert' is not supported \(supported: bert, roberta"):
-        check_model_dir(tmp_path, need_tokenizer=False)
+        check_model_dir(_albert_dir(tmp_path), need_tokenizer=False)
 
 
 @each_family
@@ -156,8 +159,8 @@ def test_every_family_reports_its_shape(kind):
 
 
 # End to end: `pipeline deploy` per family. CI runs one method per adapter besides BERT's, every method once (the
-# target planner on MPNet); PIPELINE_FAMILY_MATRIX=full runs every method on every family
-# (`benchmarks/family_matrix.py` prints that run as a table).
+# target planner on MPNet); `PIPELINE_FAMILY_MATRIX=full pytest -m e2e tests/test_families.py -k deploy` runs every
+# method on every family.
 TINY_METHOD = {
     "mlp_fusion": ("--steps", "3", "--set", "config.tune_steps=2"),
     "smp": ("--set", "config.prune_steps=4", "--set", "config.recover_steps=2"),
@@ -231,11 +234,6 @@ def test_a_folder_whose_weights_disagree_with_its_config_is_one_line(tmp_path):
 
 
 def test_an_unsupported_family_is_refused_by_deploy_in_one_line(tmp_path):
-    from transformers import AlbertConfig, AlbertForSequenceClassification
-
-    albert = AlbertForSequenceClassification(AlbertConfig(vocab_size=50, hidden_size=16, num_attention_heads=2))
-    albert.save_pretrained(str(tmp_path / "albert"))
-    result = cli_deploy(
-        "--method", "smp", "--task", "sst2", "--model", str(tmp_path / "albert"), "--output", str(tmp_path)
-    )
+    albert = _albert_dir(tmp_path / "albert")
+    result = cli_deploy("--method", "smp", "--task", "sst2", "--model", str(albert), "--output", str(tmp_path))
     assert_one_line_error(result, "model_type 'albert' is not supported (supported: bert, roberta, xlm-roberta")

@@ -1,5 +1,6 @@
 """Stopping a run: the first SIGINT or SIGTERM stops it at any stage with exit 128 + N, nothing published and no
-staging folder left; a killed run's helper processes (Prefect's server, Dask) do not outlive it."""
+staging folder left (a signal during the publishing rename lets the artifact stand, and says so); a killed run's
+helper processes (Prefect's server, Dask) do not outlive it."""
 
 import gc
 import os

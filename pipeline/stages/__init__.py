@@ -1,6 +1,6 @@
 """The stages of a deploy, one module each, in the order the flow runs them. Each module's `run` is a plain
-function over paths that returns a small JSON-able report, so a Prefect task wraps it as it is
-(`flows/stage_tasks.py`) and the per-stage commands call it without Prefect.
+function over paths that returns a small JSON-able report (package: the artifact's path), so a Prefect task wraps
+it as it is (`flows/stage_tasks.py`) and the per-stage commands call it without Prefect.
 
 | stage | module | what it does |
 |---|---|---|
