@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.models.families.base import Family, Matrix
+from pipeline.models.families.base import Matrix
+from pipeline.models.families.bert import Bert
 
 
-class DebertaV2(Family):
+class DebertaV2(Bert):
+    """BERT's block layout (paths, FFN, residual LayerNorm), its own Q/K/V names and position projections."""
+
     name = "deberta-v2"
     model_types = ("deberta-v2",)
-    layers_path = "encoder.layer"
-    attention = "attention"
-    attention_norm = "output.LayerNorm"
     always_pair = True
-    counts = "attention.self"
     head_readers = (
         Matrix("attention.self.query_proj", "query"),
         Matrix("attention.self.key_proj", "key"),
@@ -24,11 +23,7 @@ class DebertaV2(Family):
         Matrix("attention.self.pos_key_proj", "pos_key"),  # present only without share_att_key
         Matrix("attention.self.pos_query_proj", "pos_query"),
     )
-    head_writer = Matrix("attention.output.dense", "attn_out")
     value = (head_readers[2], 0)
-    ffn_readers = (Matrix("intermediate.dense", "ffn_in"),)
-    ffn_writer = Matrix("output.dense", "ffn_out")
-    activation = "intermediate.intermediate_act_fn"
 
     def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
         v3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256, share_att_key=True)
