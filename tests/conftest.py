@@ -44,6 +44,13 @@ def classifier_dirs(tmp_path_factory):
     return {kind: write_tiny_model_dir(root / kind, kind, classifier=True) for kind in ("bert", "roberta")}
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Stop this process's shared Prefect server (tests.helpers.shared_prefect_api), if a test started it."""
+    from tests.helpers import stop_shared_prefect_server
+
+    stop_shared_prefect_server()
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need CUDA; skip them (visibly) where there is none."""
     import torch

@@ -6,11 +6,16 @@ Models are built in code with fixed seeds, so tests need no network and no downl
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -201,12 +206,87 @@ def assert_one_line_error(result, needle):
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], result.stderr
 
 
-def quick_args(method, model_dir, tmp_path, *extra, task=("--task", "sst2")):
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_prefect_server(home: Path, *options: str, **settings: str) -> tuple[subprocess.Popen, dict]:
+    """A real `prefect server start` on a free loopback port, in its own session, with `home` as its PREFECT_HOME
+    (its log beside it); returns the process and the environment that reaches it, once /api/health answers."""
+    api = f"http://127.0.0.1:{(port := free_port())}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api,
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false", **settings}  # fmt: skip
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "server.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), *options],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return server.poll() is not None
+
+    try:
+        wait_until(healthy, timeout=180)
+        assert server.poll() is None, log.read_text()[-3000:]
+    except BaseException:
+        stop_prefect_server(server)
+        raise
+    return server, env
+
+
+def stop_prefect_server(server: subprocess.Popen) -> None:
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+
+
+_SHARED: dict = {}  # "server", "api", "home" of this process's shared Prefect server, once started
+
+
+def shared_prefect_api() -> str:
+    """The API of one Prefect server per test process, started on first use (API only: no scheduler, no UI) and
+    stopped when the session ends (conftest). The CLI deploys of `quick_args` run their flows on it: an ephemeral
+    server in a fresh PREFECT_HOME costs every `pipeline deploy` several seconds of CPU to start and migrate its
+    database, the largest share of a tiny deploy. Tests of the ephemeral path itself pass `ephemeral=True`."""
+    if not _SHARED:
+        home = Path(tempfile.mkdtemp(prefix="prefect-shared-"))
+        server, env = start_prefect_server(home, "--no-services")
+        _SHARED.update(server=server, api=env["PREFECT_API_URL"], home=home)
+        atexit.register(stop_shared_prefect_server)
+    return _SHARED["api"]
+
+
+def stop_shared_prefect_server() -> None:
+    if _SHARED:
+        stop_prefect_server(_SHARED.pop("server"))
+        shutil.rmtree(_SHARED.pop("home"), ignore_errors=True)
+        _SHARED.clear()
+
+
+def quick_args(method, model_dir, tmp_path, *extra, task=("--task", "sst2"), ephemeral=False):
     """The CLI arguments and environment of a deploy on a tiny model with a one-cell benchmark (`task`: the
-    options naming the task)."""
+    options naming the task). Its flow runs on the shared Prefect server, or (`ephemeral`) on the ephemeral server
+    `pipeline deploy` starts by itself, as on a fresh machine."""
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
            # what `pipeline deploy` sets before importing Prefect; a test that imports flows first needs it too
            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}  # fmt: skip
+    if not ephemeral:
+        env["PREFECT_API_URL"] = shared_prefect_api()
     args = ["--method", method, *task, "--model", str(model_dir), "--output", str(tmp_path / "out"),
             "--teacher-steps", "4", "--max-train", "200", "--max-dev", "32", *extra, *QUICK_BENCH]  # fmt: skip
     return args, env

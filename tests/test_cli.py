@@ -327,8 +327,8 @@ def test_live_gates(base_dirs, tmp_path):
                "--max-train", "1000", "--max-dev", "250")  # fmt: skip
     args, env = quick_args("mlp_fusion", base_dirs["bert"], tmp_path, *trained, "--steps", "100",
                            "--set", "config.train.lr=1e-3", "--set", "config.tune_steps=20",
-                           "--set", "config.train.kd_alpha=1.0", task=task)  # fmt: skip
-    first = run_cli(args, env)
+                           "--set", "config.train.kd_alpha=1.0", task=task, ephemeral=True)  # fmt: skip
+    first = run_cli(args, env)  # as on a fresh machine: the ephemeral Prefect server `pipeline deploy` starts
     assert first.returncode == 0, first.stderr[-3000:]
     artifact = Path(first.stdout.strip().splitlines()[-1])
     report = json.loads((artifact / "report.json").read_text())

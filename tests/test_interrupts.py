@@ -186,7 +186,7 @@ def _after(log: Path, proc: subprocess.Popen, marker: str, timeout: float = 300)
     ids=["sigint-in-validate", "sigterm-in-compress"],
 )
 def test_the_command_stops_with_128_plus_the_signal_and_publishes_nothing(sig, marker, classifier_dirs, tmp_path):
-    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES)
+    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES, ephemeral=True)
     log = tmp_path / "run.log"
     proc = _start(args, env, log)
     _after(log, proc, marker)  # the stage before has finished: the signal lands in the next one
@@ -213,7 +213,7 @@ def _gone_within(procs: list[psutil.Process], seconds: float) -> list[str]:
 
 @pytest.mark.e2e
 def test_sigkill_of_a_deploy_leaves_no_process_behind(classifier_dirs, tmp_path):
-    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES)
+    args, env = quick_args("mlp_fusion", classifier_dirs["bert"], tmp_path, *LOOSE_GATES, ephemeral=True)
     log = tmp_path / "run.log"
     proc = _start(args, env, log)
     _after(log, proc, "Task run 'data")  # Prefect's server is up: a flow run has started on it

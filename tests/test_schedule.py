@@ -4,7 +4,6 @@ picked up and completed with its artifact. Plus the refusals, which stop before 
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,54 +13,24 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.helpers import LOOSE_GATES, QUICK_BENCH, assert_one_line_error, wait_until
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import (
+    LOOSE_GATES,
+    QUICK_BENCH,
+    assert_one_line_error,
+    start_prefect_server,
+    stop_prefect_server,
+    wait_until,
+)
 
 
 @pytest.fixture
 def prefect_server(tmp_path):
     """A real Prefect server on loopback with its scheduler looping every 2 s; yields the environment to reach it."""
-    port = free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_API_URL": api,
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
-        "PREFECT_UI_ENABLED": "false",
-    }
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{api}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return server.poll() is not None
-
+    server, env = start_prefect_server(tmp_path / "prefect-home", PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2")
     try:
-        wait_until(healthy, timeout=180)
-        assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
         yield env
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-        log.close()
+        stop_prefect_server(server)
 
 
 @pytest.mark.e2e

@@ -2,6 +2,7 @@
 the figures measured in the artifacts' own reports, and the refusals."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pipeline
 from pipeline.errors import PipelineError
 from pipeline.pareto import mark_front, select
 from pipeline.sweep import load_sweep
-from tests.helpers import INTENTS, assert_one_line_error, intent_task_file
+from tests.helpers import INTENTS, assert_one_line_error, intent_task_file, shared_prefect_api
 
 SAMPLE = Path(pipeline.__file__).parent / "data" / "samples" / "sst2"  # the embedded sample, named explicitly
 QUICK = {
@@ -41,12 +42,14 @@ def write_sweep(path: Path, model: Path, **extra) -> Path:
 
 
 def cli_sweep(*args, cwd=None):
+    """`pipeline sweep ARGS`, its flow on this process's shared Prefect server (tests.helpers.shared_prefect_api)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "sweep", *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=cwd,
+        env={**os.environ, "PREFECT_API_URL": shared_prefect_api()},
     )
 
 
