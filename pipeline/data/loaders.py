@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.schema import DATA_FORMATS, DataLimits
+from pipeline.data.jsonl import describe, json_records
 from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 from pipeline.paths import read_utf8
@@ -227,7 +227,7 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
     for lineno, record in _records(path, fmt, columns):
         for c in spec.text_columns:
             if not isinstance(record[c], str):
-                raise PipelineError(f"{path}:{lineno}: column {c!r} is {_kind(record[c])}; expected text")
+                raise PipelineError(f"{path}:{lineno}: column {c!r} is {describe(record[c])}; expected text")
         raw = record[spec.label_column]
         key = str(raw).strip() if isinstance(raw, str | int) and not isinstance(raw, bool) else None
         if key not in values:
@@ -241,17 +241,13 @@ def read_split(spec: TaskSpec, path: Path) -> Split:
     return Split(texts, labels)
 
 
-def _kind(value) -> str:
-    return "missing (null)" if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
-
-
 def _records(path: Path, fmt: str, columns: tuple[str, ...]):
     """(line number, {column: value}) for each non-blank row; the columns are checked against the header (TSV,
     CSV) or each object (JSONL). utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue
     itself to the first column's name."""
     with io.StringIO(read_utf8(path, "data file"), newline="") as f:
         if fmt == "jsonl":
-            yield from _jsonl_records(path, f, columns)
+            yield from json_records(path, f, columns)
             return
         rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else csv.reader(f)
         header = next(rows, None)
@@ -268,23 +264,6 @@ def _records(path: Path, fmt: str, columns: tuple[str, ...]):
             if len(row) <= max(cols):
                 raise PipelineError(f"{path}:{rows.line_num}: expected {len(header)} {sep} fields, got {len(row)}")
             yield rows.line_num, {c: row[i] for c, i in zip(columns, cols, strict=True)}
-
-
-def _jsonl_records(path: Path, f, columns: tuple[str, ...]):
-    for lineno, line in enumerate(f, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PipelineError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise PipelineError(f"{path}:{lineno}: expected a JSON object, got {_kind(obj)}")
-        missing = [c for c in columns if c not in obj]
-        if missing:
-            keys = ", ".join(list(obj)[:10])
-            raise PipelineError(f"{path}:{lineno}: missing column(s) {', '.join(missing)}; the object has {keys}")
-        yield lineno, obj
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:

@@ -1,0 +1,150 @@
+"""Extractive question-answering data: questions over contexts with gold answer spans, from SQuAD-format JSON
+(`{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers": [{"text",
+"answer_start"}]}]}]}]}`, the official layout) or JSONL (one question per line: `id`, `question`, `context`,
+`answers` as a list of `{"text", "answer_start"}` or as Hugging Face's `{"text": [...], "answer_start": [...]}`).
+
+Every question needs at least one answer whose text occurs at its character offset in the context (SQuAD v1.1
+has no unanswerable questions). A bad question is one error naming the file, where the question is (JSON: its
+path in the file and its id; JSONL: the line) and the field. Training uses a question's first answer; the metric
+takes the best over all of them, as the official script does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.data.jsonl import describe, json_records
+from pipeline.errors import PipelineError
+from pipeline.paths import read_utf8
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: `answers` holds (text, character offset in `context`) pairs, the first one trained on."""
+
+    id: str
+    question: str
+    context: str
+    answers: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class QASplit:
+    """The questions of one split."""
+
+    questions: list[Question]
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def subset(self, idx: Sequence[int]) -> QASplit:
+        return QASplit([self.questions[i] for i in idx])
+
+    def head(self, n: int | None) -> QASplit:
+        return QASplit(self.questions[:n])
+
+    def digest(self, h) -> None:
+        for q in self.questions:
+            answers = "\x1f".join(f"{start}:{text}" for text, start in q.answers)
+            h.update("\x1e".join((q.id, q.question, q.context, answers)).encode() + b"\n")
+        h.update(b"\x1d")
+
+
+def read_qa(path: Path) -> QASplit:
+    """The questions of a SQuAD JSON (`.json`) or JSONL (`.jsonl`) file."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl"):
+        raise PipelineError(f"{path}: unknown format {path.suffix!r}; question-answering files are .json or .jsonl")
+    text = read_utf8(path, "data file")
+    questions = _from_squad_json(path, text) if suffix == ".json" else _from_jsonl(path, text)
+    if not questions:
+        raise PipelineError(f"{path}: no questions")
+    seen: dict[str, str] = {}
+    for q in questions:
+        if q.id in seen:
+            raise PipelineError(f"{path}: question id {q.id!r} appears twice")
+        seen[q.id] = q.id
+    return QASplit(questions)
+
+
+def _from_squad_json(path: Path, text: str) -> list[Question]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise PipelineError(f"{path}: expected SQuAD JSON, an object whose 'data' is a list of articles")
+    questions = []
+    for a, article in enumerate(doc["data"]):
+        paragraphs = article.get("paragraphs") if isinstance(article, dict) else None
+        if not isinstance(paragraphs, list):
+            raise PipelineError(f"{path}: data[{a}].paragraphs must be a list of paragraphs")
+        for p, paragraph in enumerate(paragraphs):
+            where = f"{path}: data[{a}].paragraphs[{p}]"
+            if not isinstance(paragraph, dict):
+                raise PipelineError(f"{where} must be an object with 'context' and 'qas'")
+            context = _text(paragraph.get("context"), f"{where}.context")
+            qas = paragraph.get("qas")
+            if not isinstance(qas, list):
+                raise PipelineError(f"{where}.qas must be a list of questions")
+            for i, qa in enumerate(qas):
+                if not isinstance(qa, dict):
+                    raise PipelineError(f"{where}.qas[{i}] must be an object")
+                qid = qa.get("id")
+                label = f"{where}.qas[{i}]" + (f" (id {qid})" if isinstance(qid, str) else "")
+                questions.append(_question(qa, context, label))
+    return questions
+
+
+def _from_jsonl(path: Path, text: str) -> list[Question]:
+    fields = ("id", "question", "context", "answers")
+    return [
+        _question(obj, _text(obj["context"], f"{path}:{n}: context"), f"{path}:{n}")
+        for n, obj in json_records(path, text.splitlines(), fields)
+    ]
+
+
+def _question(qa: dict, context: str, where: str) -> Question:
+    """One question; `where` names it in errors (the file and its place there)."""
+    qid = qa.get("id")
+    if not isinstance(qid, str | int) or isinstance(qid, bool) or str(qid) == "":
+        raise PipelineError(f"{where}: id is {describe(qid)}; expected a non-empty string")
+    question = _text(qa.get("question"), f"{where}: question")
+    answers = tuple(_answers(qa.get("answers"), where))
+    if not answers:
+        raise PipelineError(f"{where}: no answers (every question needs one)")
+    for text, start in answers:
+        if context[start : start + len(text)] != text:
+            found = context[start : start + len(text)]
+            raise PipelineError(f"{where}: answer {text!r} is not at offset {start} of its context (there: {found!r})")
+    return Question(str(qid), question, context, answers)
+
+
+def _answers(raw, where: str):
+    """(text, start) pairs from a list of {text, answer_start} or from {text: [...], answer_start: [...]}."""
+    if isinstance(raw, dict) and isinstance(raw.get("text"), list) and isinstance(raw.get("answer_start"), list):
+        if len(raw["text"]) != len(raw["answer_start"]):
+            raise PipelineError(f"{where}: answers has {len(raw['text'])} texts and "
+                                f"{len(raw['answer_start'])} offsets")  # fmt: skip
+        raw = [{"text": t, "answer_start": s} for t, s in zip(raw["text"], raw["answer_start"], strict=True)]
+    if not isinstance(raw, list):
+        raise PipelineError(f"{where}: answers must be a list of {{text, answer_start}}, got {describe(raw)}")
+    for k, answer in enumerate(raw):
+        if not isinstance(answer, dict):
+            raise PipelineError(f"{where}: answers[{k}] must be an object with text and answer_start")
+        text = _text(answer.get("text"), f"{where}: answers[{k}].text")
+        start = answer.get("answer_start")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise PipelineError(f"{where}: answers[{k}].answer_start is {start!r}; expected an "
+                                "offset (an integer >= 0)")  # fmt: skip
+        yield text, start
+
+
+def _text(value, field: str) -> str:
+    """A non-blank string, else an error naming `field` (the file and its place there)."""
+    if not isinstance(value, str) or not value.strip():
+        raise PipelineError(f"{field} is {'empty' if isinstance(value, str) else describe(value)}; expected text")
+    return value

@@ -1,0 +1,209 @@
+"""Token-classification and question-answering data and metrics: the CoNLL and SQuAD readers on the real files in
+`../shared/data` and on every kind of bad file, the entity metric against `seqeval`, and SQuAD's exact match and
+F1 against hand-worked cases of the official normalisation."""
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from seqeval.metrics import f1_score, precision_score, recall_score
+
+from pipeline.data.squad import read_qa
+from pipeline.data.tagged import check_tag_set, read_conll, read_tagged_jsonl, to_iob2
+from pipeline.errors import PipelineError
+from pipeline.train.entity_metric import entities, entity_scores
+from pipeline.train.squad_metric import normalize_answer, squad_scores, token_f1
+
+SHARED = Path(__file__).parents[2] / "shared" / "data"
+CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the checkout")
+
+
+# --- SQuAD v1.1 exact match and F1 ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalised"),
+    [
+        ("The Denver Broncos", "denver broncos"),  # lower case, the article goes
+        ("  an  apple a day ", "apple day"),  # a / an / the as words, whitespace collapsed
+        ("theater Anaheim", "theater anaheim"),  # articles inside words stay
+        ("U.S. $1,000-odd!", "us 1000odd"),  # punctuation is deleted, not replaced by a space
+        ("The", ""),
+        ("(the) A.", ""),  # punctuation first, so the bracketed article is a word by the time articles go
+        ("Ça l’été", "ça l’été"),  # only ASCII punctuation (string.punctuation) is removed
+    ],
+)
+def test_normalisation_is_the_official_scripts(raw, normalised):
+    assert normalize_answer(raw) == normalised
+
+
+def test_exact_match_and_f1_take_the_best_gold_answer():
+    # "Denver Broncos team" vs "Denver Broncos": 2 shared tokens, precision 2/3, recall 1, F1 0.8
+    assert token_f1("Denver Broncos team", "the Denver Broncos") == pytest.approx(0.8)
+    assert token_f1("Broncos Broncos", "Broncos") == pytest.approx(2 * 0.5 * 1 / 1.5)  # bags count repeats once
+    assert token_f1("the", "a") == 0.0  # both normalise to nothing: no shared token
+    scores = squad_scores(
+        ["Denver Broncos", "Denver Broncos team", "Carolina"],
+        [["the Denver Broncos", "Broncos"], ["Denver Broncos", "Denver Broncos team!"], ["Panthers"]],
+    )
+    assert scores == {"exact_match": pytest.approx(200 / 3), "f1": pytest.approx(200 / 3)}
+    assert squad_scores(["Broncos"], [["Denver Broncos", "the Broncos"]])["f1"] == 100.0
+
+
+# --- entity-level F1 against seqeval ---------------------------------------------------------------------------
+
+
+def test_entities_follow_the_conll_rules():
+    tags = ["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-LOC", "I-ORG", "B-ORG", "I-ORG"]
+    assert entities(tags) == [("PER", 0, 1), ("LOC", 3, 4), ("LOC", 5, 5), ("ORG", 6, 6), ("ORG", 7, 8)]
+
+
+def test_entity_scores_equal_seqevals_on_random_and_broken_sequences():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        gold = [[rng.choice(CONLL_TAGS) for _ in range(rng.randint(1, 15))] for _ in range(n)]
+        pred = [[t if rng.random() < 0.7 else rng.choice(CONLL_TAGS) for t in g] for g in gold]
+        ours = entity_scores(pred, gold)
+        assert ours["precision"] == pytest.approx(100 * precision_score(gold, pred))
+        assert ours["recall"] == pytest.approx(100 * recall_score(gold, pred))
+        assert ours["f1"] == pytest.approx(100 * f1_score(gold, pred))
+
+
+@needs_shared
+def test_entity_scores_equal_seqevals_on_conll_dev():
+    dev = read_conll(SHARED / "conll2003" / "dev.txt", CONLL_TAGS)
+    gold = [[CONLL_TAGS[t] for t in tags] for tags in dev.tags]
+    rng = random.Random(1)
+    pred = [[t if rng.random() < 0.9 else rng.choice(CONLL_TAGS) for t in g] for g in gold]
+    assert entity_scores(pred, gold)["f1"] == pytest.approx(100 * f1_score(gold, pred))
+    assert entity_scores(gold, gold)["f1"] == 100.0
+
+
+# --- CoNLL and JSONL tagged files ------------------------------------------------------------------------------
+
+
+@needs_shared
+def test_conll2003_reads_as_its_readme_counts():
+    train = read_conll(SHARED / "conll2003" / "train.txt", CONLL_TAGS)
+    assert len(train) == 14_041 and sum(map(len, train.words)) == 203_621
+    found = Counter(kind for tags in train.tags for kind, _, _ in entities([CONLL_TAGS[t] for t in tags]))
+    assert found == {"PER": 6_600, "LOC": 7_140, "ORG": 6_321, "MISC": 3_438}
+    dev = read_conll(SHARED / "conll2003" / "dev.txt", CONLL_TAGS)
+    assert len(dev) == 3_250 and sum(map(len, dev.words)) == 51_362
+
+
+def test_iob1_files_become_their_iob2_conversion(tmp_path):
+    assert to_iob2(["I-PER", "I-PER", "B-PER", "O", "I-LOC", "I-ORG"]) == ["B-PER", "I-PER", "B-PER", "O", "B-LOC",
+                                                                           "B-ORG"]  # fmt: skip
+    path = tmp_path / "iob1.txt"
+    path.write_text("-DOCSTART- -X- O\n\nPeter NNP I-PER\nBlackburn NNP I-PER\nand CC O\nBonn NNP I-LOC\n\n\n")
+    split = read_conll(path, CONLL_TAGS)
+    assert split.words == [("Peter", "Blackburn", "and", "Bonn")]
+    assert [CONLL_TAGS[t] for t in split.tags[0]] == ["B-PER", "I-PER", "O", "B-LOC"]
+
+
+def test_jsonl_takes_tag_names_or_ids(tmp_path):
+    path = tmp_path / "ner.jsonl"
+    rows = [{"tokens": ["EU", "rejects", "German"], "ner_tags": [3, 0, 7]},
+            {"tokens": ["Peter", "Blackburn"], "ner_tags": ["B-PER", "I-PER"]}]  # fmt: skip
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    split = read_tagged_jsonl(path, "tokens", "ner_tags", CONLL_TAGS)
+    assert split.tags == [(3, 0, 7), (1, 2)]
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "needle"),
+    [
+        ("bad.txt", "EU NNP B-ORG\nrejects VBZ B-VERB\n", "bad.txt:2: tag 'B-VERB' is not in the task's tag set"),
+        ("bad.txt", "EU NNP B-ORG\nrejects\n", "bad.txt:2: expected a word and its tag"),
+        ("bad.txt", "-DOCSTART- -X- O\n\n", "bad.txt: no sentences"),
+        ("bad.jsonl", '{"tokens": ["a", "b"], "tags": ["O"]}\n', "bad.jsonl:1: 'tags' must list one tag per word (2)"),
+        ("bad.jsonl", '{"tokens": [], "tags": []}\n', "bad.jsonl:1: 'tokens' must be a non-empty list"),
+        ("bad.jsonl", '\n{"tokens": ["a"], "tags": [9]}\n', "bad.jsonl:2: tags 9 is not in the task's tag set"),
+        ("bad.jsonl", '{"words": ["a"], "tags": ["O"]}\n', "bad.jsonl:1: missing column(s) tokens"),
+    ],
+)
+def test_a_bad_tagged_file_is_one_line_naming_file_line_and_field(tmp_path, name, body, needle):
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(PipelineError) as e:
+        read_conll(path, CONLL_TAGS) if name.endswith(".txt") else read_tagged_jsonl(
+            path, "tokens", "tags", CONLL_TAGS
+        )
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("tags", "needle"),
+    [
+        (["B-PER", "I-PER"], "need 'O'"),
+        (["O", "B-PER"], "missing I-PER"),
+        (["O", "PER"], "is not O, B-TYPE or I-TYPE"),
+        (["O", "O"], "each tag once"),
+    ],
+)
+def test_a_tag_set_the_model_cannot_predict_iob2_with_is_refused(tags, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_tag_set(tags)
+    check_tag_set(CONLL_TAGS)
+
+
+# --- SQuAD JSON and JSONL --------------------------------------------------------------------------------------
+
+
+@needs_shared
+def test_the_squad_files_read_as_their_readme_counts():
+    train, dev = read_qa(SHARED / "squad" / "train.json"), read_qa(SHARED / "squad" / "dev.json")
+    assert (len(train), len(dev)) == (4_671, 1_025)
+    q = train.questions[0]
+    assert q.context[q.answers[0][1] :].startswith(q.answers[0][0])
+
+
+def _squad(context="Denver won.", answers=({"text": "Denver", "answer_start": 0},), qid="q1", question="Who won?"):
+    qa = {"id": qid, "question": question, "answers": list(answers)}
+    return {"version": "1.1", "data": [{"title": "T", "paragraphs": [{"context": context, "qas": [qa]}]}]}
+
+
+def test_jsonl_questions_take_either_answer_layout(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    rows = [
+        {"id": "a", "question": "Who?", "context": "Denver won.", "answers": {"text": ["won"], "answer_start": [7]}},
+        {"id": "b", "question": "Who?", "context": "Denver won.", "answers": [{"text": "Denver", "answer_start": 0}]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert [q.answers for q in read_qa(path).questions] == [(("won", 7),), (("Denver", 0),)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (_squad(answers=[{"text": "Denver", "answer_start": 3}]),
+         "data[0].paragraphs[0].qas[0] (id q1): answer 'Denver' is not at offset 3 of its context (there: 'ver wo')"),
+        (_squad(context="  "), "data[0].paragraphs[0].context is empty"),
+        (_squad(answers=[]), "(id q1): no answers"),
+        (_squad(question=""), "(id q1): question is empty"),
+        (_squad(answers=[{"text": "Denver", "answer_start": -1}]), "answer_start is -1; expected an offset"),
+        ({"data": {}}, "expected SQuAD JSON"),
+    ],
+)  # fmt: skip
+def test_a_bad_squad_file_is_one_line_naming_file_question_and_field(tmp_path, doc, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PipelineError) as e:
+        read_qa(path)
+    assert needle in str(e.value) and str(e.value).startswith(str(path)) and "\n" not in str(e.value)
+
+
+def test_a_bad_jsonl_question_names_its_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = {"id": "a", "question": "Who?", "context": "Denver won.", "answers": [{"text": "won", "answer_start": 7}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "b", "context": ""}) + "\n")
+    with pytest.raises(PipelineError, match=r"bad.jsonl:2: context is empty"):
+        read_qa(path)
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(PipelineError, match="question id 'a' appears twice"):
+        read_qa(path)
