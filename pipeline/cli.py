@@ -480,13 +480,16 @@ def list_methods() -> None:
 @app.command("tasks")
 def list_tasks() -> None:
     """List the known tasks."""
-    from pipeline.data.tasks import TASKS
+    from pipeline.data.tasks import QA, SEQUENCE, TASKS, TOKEN
 
     for spec in TASKS.values():
-        kind = "sentence pairs" if spec.is_pair else "single sentence"
+        inputs = {QA: "question and context", TOKEN: "words"}.get(spec.kind) or (
+            "sentence pairs" if spec.is_pair else "single sentence"
+        )
         sample = ", embedded sample" if spec.has_sample else ""
-        labels = ", ".join(spec.labels)
-        typer.echo(f"{spec.name:<6} {spec.num_labels} labels ({labels}), {kind}, {spec.metric}{sample}")
+        labels = f"{len(spec.labels)} labels ({', '.join(spec.labels)})" if spec.labels else "answer spans"
+        kind = "" if spec.kind == SEQUENCE else f" [{spec.kind}: read and scored, not yet deployable]"
+        typer.echo(f"{spec.name:<9} {labels}, {inputs}, {spec.metric}{sample}{kind}")
     typer.echo(
         "\nyour own task: --task-file FILE (train/dev files in TSV, CSV or JSONL, text column(s), labels, metric)"
     )

@@ -19,6 +19,7 @@ from tests.helpers import (
     quick_args,
     quick_deploy,
     run_cli,
+    shared_prefect_api,
 )
 
 runner = CliRunner()
@@ -189,14 +190,16 @@ def test_help_does_not_import_torch():
 def test_methods_and_tasks_listings():
     assert "mlp_fusion" in runner.invoke(app, ["methods"]).output
     out = runner.invoke(app, ["tasks"]).output
-    assert "sst2" in out and "mnli   3 labels" in out
+    assert "sst2" in out and "mnli      3 labels" in out
+    assert "conll2003 9 labels (O, B-PER" in out and "squad     answer spans, question and context, f1" in out
 
 
 @pytest.mark.e2e
 def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     """A real flow on a tiny model: artifact layout, manifest, Optimum loading; then a cached teacher and a
     failed gate that publishes nothing."""
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PIPELINE_CACHE_DIR": str(tmp_path / "cache"),
+           "PREFECT_API_URL": shared_prefect_api()}  # fmt: skip
     common = [
         "--method",
         "mlp_fusion",

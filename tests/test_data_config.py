@@ -79,8 +79,8 @@ def test_bad_data_folders(tmp_path, files, message):
 
 def test_every_task_resolves_and_unknown_lists_known():
     for name, spec in TASKS.items():
-        assert get_task(name) is spec and len(spec.label_values) == spec.num_labels
-    with pytest.raises(PipelineError, match="known tasks: mnli, mrpc"):
+        assert get_task(name) is spec and len(spec.label_values) == len(spec.labels)
+    with pytest.raises(PipelineError, match="known tasks: conll2003, mnli, mrpc"):
         get_task("cola")
 
 

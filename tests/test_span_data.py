@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from seqeval.metrics import f1_score, precision_score, recall_score
 
-from pipeline.data.squad import read_qa
-from pipeline.data.tagged import check_tag_set, read_conll, read_tagged_jsonl, to_iob2
+from pipeline.data.loaders import load_task_data
+from pipeline.data.squad import QASplit, read_qa
+from pipeline.data.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
 from pipeline.errors import PipelineError
 from pipeline.train.entity_metric import entities, entity_scores
 from pipeline.train.squad_metric import normalize_answer, squad_scores, token_f1
@@ -207,3 +208,27 @@ def test_a_bad_jsonl_question_names_its_line(tmp_path):
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
     with pytest.raises(PipelineError, match="question id 'a' appears twice"):
         read_qa(path)
+
+
+# --- the built-in tasks: loaded like any other, refused by deploy until their stages exist ----------------------
+
+
+@needs_shared
+@pytest.mark.parametrize(("task", "split_type"), [("conll2003", TaggedSplit), ("squad", QASplit)])
+def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_from_train(task, split_type):
+    folder = SHARED / task
+    data = load_task_data(task, folder)
+    assert isinstance(data.train, split_type) and isinstance(data.dev, split_type)
+    total = len(read_qa(folder / "train.json")) if task == "squad" else 14_041
+    assert len(data.train) + len(data.validation) == total and len(data.validation) >= 250
+    assert data.fingerprint == load_task_data(task, folder).fingerprint  # deterministic: a cache key
+    assert data.describe()["source"].startswith("data folder")
+    capped = load_task_data(task, folder, max_train=100, max_dev=50)
+    assert (len(capped.train), len(capped.dev)) == (100, 50) and capped.validation == data.validation
+
+
+def test_deploy_refuses_a_task_kind_it_cannot_train_yet_in_one_line():
+    from tests.helpers import assert_one_line_error, cli_deploy
+
+    result = cli_deploy("--method", "mlp_fusion", "--task", "squad", "--data-dir", str(SHARED / "squad"))
+    assert_one_line_error(result, "task squad is question-answering: deploys train sequence-classification tasks")

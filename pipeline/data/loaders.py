@@ -29,7 +29,9 @@ from pathlib import Path
 
 from pipeline.config.schema import DATA_FORMATS, DataLimits
 from pipeline.data.jsonl import describe, json_records
-from pipeline.data.tasks import TaskSpec, get_task
+from pipeline.data.squad import QASplit, read_qa
+from pipeline.data.tagged import TaggedSplit, read_conll, read_tagged_jsonl
+from pipeline.data.tasks import QA, SEQUENCE, TOKEN, TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 from pipeline.paths import read_utf8
 
@@ -49,15 +51,20 @@ class Split:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def subset(self, idx) -> Split:
+        return Split([self.texts[i] for i in idx], [self.labels[i] for i in idx])
+
     def head(self, n: int | None) -> Split:
         """The first `n` examples (all of them for None)."""
         return Split(self.texts[:n], self.labels[:n])
 
+    def digest(self, h) -> None:
+        for text, label in zip(self.texts, self.labels, strict=True):
+            h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
+        h.update(b"\x1d")
 
-def _split_digest(h, split: Split) -> None:
-    for text, label in zip(split.texts, split.labels, strict=True):
-        h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
-    h.update(b"\x1d")
+
+AnySplit = Split | TaggedSplit | QASplit  # one split of a sequence, token or question-answering task
 
 
 @dataclass(frozen=True)
@@ -65,9 +72,9 @@ class TaskData:
     """train (minus the validation slice), validation (carved from train, for choosing) and dev (the test)."""
 
     task: TaskSpec
-    train: Split
-    validation: Split
-    dev: Split
+    train: AnySplit
+    validation: AnySplit
+    dev: AnySplit
     source: str  # human-readable: where the examples came from
     validation_seed: int = 0
 
@@ -76,13 +83,13 @@ class TaskData:
         """sha256 over every example: the cache key of anything trained on this data."""
         h = hashlib.sha256(self.task.identity.encode())
         for split in (self.train, self.validation, self.dev):
-            _split_digest(h, split)
+            split.digest(h)
         return h.hexdigest()
 
     def describe(self) -> dict:
         """What the report records of the data: source, sizes, and which validation slice was carved."""
         h = hashlib.sha256()
-        _split_digest(h, self.validation)
+        self.validation.digest(h)
         return {
             "source": self.source,
             "train": len(self.train),
@@ -102,7 +109,7 @@ DEFAULT_VALIDATION = DataLimits().validation  # the recipes' default: one defini
 VALIDATION_MIN = 250  # small training sets still give this many (up to a quarter of train): gates need resolution
 
 
-def carve_validation(train: Split, size: int, fraction: float, seed: int) -> tuple[Split, Split]:
+def carve_validation(train: AnySplit, size: int, fraction: float, seed: int) -> tuple[AnySplit, AnySplit]:
     """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`, but at
     least min(250, a quarter of train), so one example is not a whole point of a gate on small data.
 
@@ -114,12 +121,7 @@ def carve_validation(train: Split, size: int, fraction: float, seed: int) -> tup
     n = min(max(min(size, math.floor(fraction * len(train))), floor), len(train) - 1)
     n = max(1, n)
     chosen = set(random.Random(seed).sample(range(len(train)), n))
-    keep = [i for i in range(len(train)) if i not in chosen]
-    picked = sorted(chosen)
-    return (
-        Split([train.texts[i] for i in keep], [train.labels[i] for i in keep]),
-        Split([train.texts[i] for i in picked], [train.labels[i] for i in picked]),
-    )
+    return train.subset([i for i in range(len(train)) if i not in chosen]), train.subset(sorted(chosen))
 
 
 def load_task_data(
@@ -187,14 +189,13 @@ def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = Fals
     raise PipelineError(f"no data for task {spec.name!r} (no sample ships for it): pass --data-dir DIR or --hub")
 
 
-def _limit(split: Split, n: int | None, shuffle: bool) -> Split:
+def _limit(split: AnySplit, n: int | None, shuffle: bool) -> AnySplit:
     if n is None or n >= len(split):
         return split
     idx = list(range(len(split)))
     if shuffle:  # a seeded subset, not the first N: GLUE train files can be ordered
         random.Random(0).shuffle(idx)
-    idx = sorted(idx[:n])
-    return Split([split.texts[i] for i in idx], [split.labels[i] for i in idx])
+    return split.subset(sorted(idx[:n]))
 
 
 def _from_tsv_dir(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
@@ -207,17 +208,23 @@ def _from_tsv_dir(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
                 "Hugging Face dataset folder)"
             )
     train, dev = read_split(spec, folder / spec.train_file), read_split(spec, folder / spec.dev_file)
-    return train, dev, f"GLUE TSV folder {folder.resolve()}"
+    return train, dev, f"{'GLUE TSV' if spec.kind == SEQUENCE else 'data'} folder {folder.resolve()}"
 
 
 # --- data files: TSV (GLUE: tabs, no quoting), CSV (quoted), JSONL (one object per line) -------------------------
 
 
-def read_split(spec: TaskSpec, path: Path) -> Split:
+def read_split(spec: TaskSpec, path: Path) -> AnySplit:
     """The examples of one data file, its format from its extension. Every bad row is an error naming the file,
     the line and the value: a missing column, a text that is not a string, a label outside the task's set."""
     if not path.is_file():
         raise PipelineError(f"data file not found: {path}")
+    if spec.kind == QA:
+        return read_qa(path)
+    if spec.kind == TOKEN:
+        if path.suffix.lower() == ".jsonl":
+            return read_tagged_jsonl(path, spec.text_columns[0], spec.label_column, spec.labels)
+        return read_conll(path, spec.labels)
     fmt = DATA_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise PipelineError(f"{path}: unknown format {path.suffix!r}; data files are {', '.join(DATA_FORMATS)}")
@@ -299,8 +306,15 @@ def _offline_datasets(online: bool):
     return datasets
 
 
+def _sequence_only(spec: TaskSpec) -> None:
+    if spec.kind != SEQUENCE:
+        raise PipelineError(f"task {spec.name} ({spec.kind}) is read from its files: pass --data-dir with "
+                            f"{spec.train_file} and {spec.dev_file}, or a task file")  # fmt: skip
+
+
 def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
     """The dataset from the hub, or from the local datasets cache when offline; an error naming it otherwise."""
+    _sequence_only(spec)
     if spec.hf_dataset is None:
         raise PipelineError(f"task {spec.name} has no Hugging Face dataset; pass --data-dir DIR")
     name = "/".join(spec.hf_dataset)
@@ -343,6 +357,7 @@ def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
     """A local Hugging Face dataset (offline): `save_to_disk` output or parquet/JSONL/CSV files named by split."""
     if not folder.is_dir():
         raise PipelineError(f"data folder not found: {folder}")
+    _sequence_only(spec)
     layout = _hf_layout(folder, spec)
     if layout is None:
         raise PipelineError(f"{folder}: neither GLUE TSV files nor a Hugging Face dataset folder")

@@ -1,8 +1,10 @@
-"""Tasks are data, not branches: one `TaskSpec` per sequence-classification task.
+"""Tasks are data, not branches: one `TaskSpec` per task.
 
-A spec says where the text and the label live in each source (files, Hugging Face dataset), how raw label values
-map to class ids, and which metric to report. Pair tasks need no code change: they name two text columns. The
-built-in GLUE tasks are in `TASKS`; a user's own task comes from a small YAML file (`CustomTask`, `--task-file`).
+A spec says what kind of task it is (sequence classification, token classification, extractive question
+answering: the names of transformers' pipelines), where the text and the labels live in each source (files,
+Hugging Face dataset), how raw label values map to class ids, and which metric to report. Pair tasks need no code
+change: they name two text columns. The built-in tasks are in `TASKS` (GLUE, CoNLL-2003 NER, SQuAD v1.1); a
+user's own task comes from a small YAML file (`CustomTask`, `--task-file`).
 """
 
 from __future__ import annotations
@@ -14,24 +16,34 @@ from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, parse
 from pipeline.errors import PipelineError
 
+SEQUENCE = "sequence-classification"  # one label per text or text pair
+TOKEN = "token-classification"  # one IOB2 tag per word (NER)
+QA = "question-answering"  # an answer span in a context (extractive, SQuAD v1.1: every question has an answer)
+KINDS = (SEQUENCE, TOKEN, QA)
+CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")  # Hugging Face's order
+
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A sequence-classification task.
+    """A task.
 
     Attributes:
         name: registry key and CLI value (or the user's task name).
-        labels: class names in id order (they become the model's `id2label`).
-        text_columns: the text column(s) in the data files (two for pair tasks).
-        label_column: the label column.
+        labels: class names (token classification: IOB2 tags) in id order; they become the model's `id2label`.
+            Question answering has none.
+        text_columns: the text column(s) in the data files (two for pair tasks; token classification: the words;
+            question answering: question and context).
+        label_column: the label column (token classification: the tags; question answering: the answers).
         label_values: the raw value of each class in the files, in id order.
         hf_dataset: `datasets.load_dataset` arguments (path, config name); None for a user's task.
         hf_text_columns: text field(s) in the Hugging Face dataset (also read from a local dataset folder).
         train_file, dev_file: file names inside `--data-dir` (absolute paths for a user's task).
         hf_dev_split: the split used as dev.
-        metric: headline metric: accuracy, f1 (two labels, positive class 1) or macro_f1.
+        metric: headline metric: accuracy, f1 (two labels, positive class 1) or macro_f1; token classification:
+            f1 of entities; question answering: SQuAD's f1 (exact match is reported beside it).
         has_sample: whether the project ships an embedded sample for this task.
         custom: a user's task (`--task-file`), not a built-in one.
+        kind: SEQUENCE, TOKEN or QA.
     """
 
     name: str
@@ -47,10 +59,12 @@ class TaskSpec:
     metric: str = "accuracy"
     has_sample: bool = False
     custom: bool = False
+    kind: str = SEQUENCE
 
     @property
     def num_labels(self) -> int:
-        return len(self.labels)
+        """Classes of the model's head (question answering: start and end)."""
+        return 2 if self.kind == QA else len(self.labels)
 
     @property
     def is_pair(self) -> bool:
@@ -65,6 +79,7 @@ class TaskSpec:
         """The task block that travels with an artifact (config.json and manifest): what any consumer needs."""
         return {
             "name": self.name,
+            "kind": self.kind,
             "labels": list(self.labels),
             "text_columns": list(self.text_columns),
             "pair": self.is_pair,
@@ -123,6 +138,32 @@ TASKS: dict[str, TaskSpec] = {
             label_values=("entailment", "not_entailment"),
             hf_dataset=("glue", "qnli"),
             hf_text_columns=("question", "sentence"),
+        ),
+        TaskSpec(
+            name="conll2003",
+            kind=TOKEN,
+            labels=CONLL_TAGS,
+            text_columns=("tokens",),
+            label_column="ner_tags",
+            label_values=CONLL_TAGS,
+            hf_dataset=("conll2003", "conll2003"),
+            hf_text_columns=("tokens",),
+            train_file="train.txt",  # CoNLL columns, IOB2 (`valid.txt` of the usual distribution is dev.txt)
+            dev_file="dev.txt",
+            metric="f1",
+        ),
+        TaskSpec(
+            name="squad",
+            kind=QA,
+            labels=(),
+            text_columns=("question", "context"),
+            label_column="answers",
+            label_values=(),
+            hf_dataset=("squad", "plain_text"),
+            hf_text_columns=("question", "context"),
+            train_file="train.json",
+            dev_file="dev.json",
+            metric="f1",
         ),
     )
 }
