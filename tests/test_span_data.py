@@ -223,6 +223,8 @@ def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_fro
     assert len(data.train) + len(data.validation) == total and len(data.validation) >= 250
     assert data.fingerprint == load_task_data(task, folder).fingerprint  # deterministic: a cache key
     assert data.describe()["source"].startswith("data folder")
+    if task == "squad":  # carved by whole contexts: no validation question's paragraph is trained on
+        assert not {q.context for q in data.train.questions} & {q.context for q in data.validation.questions}
     capped = load_task_data(task, folder, max_train=100, max_dev=50)
     assert (len(capped.train), len(capped.dev)) == (100, 50) and capped.validation == data.validation
 

@@ -113,15 +113,35 @@ def carve_validation(train: AnySplit, size: int, fraction: float, seed: int) -> 
     """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`, but at
     least min(250, a quarter of train), so one example is not a whole point of a gate on small data.
 
-    At least one example stays on each side; the two parts are disjoint by construction.
+    At least one example stays on each side; the two parts are disjoint by construction. Questions are carved
+    with their whole context (all the questions of a drawn context, until there are n): a validation question
+    whose paragraph was trained on would flatter every choice made on it.
     """
     if len(train) < 2:
         raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
     floor = min(VALIDATION_MIN, len(train) // 4)
     n = min(max(min(size, math.floor(fraction * len(train))), floor), len(train) - 1)
     n = max(1, n)
-    chosen = set(random.Random(seed).sample(range(len(train)), n))
+    if isinstance(train, QASplit):
+        chosen = _whole_contexts(train, n, seed)
+    else:
+        chosen = set(random.Random(seed).sample(range(len(train)), n))
     return train.subset([i for i in range(len(train)) if i not in chosen]), train.subset(sorted(chosen))
+
+
+def _whole_contexts(split: QASplit, n: int, seed: int) -> set[int]:
+    """Indices of the questions of contexts drawn with `seed` until at least `n` (at least one question left)."""
+    by_context: dict[str, list[int]] = {}
+    for i, q in enumerate(split.questions):
+        by_context.setdefault(q.context, []).append(i)
+    groups = list(by_context.values())
+    random.Random(seed).shuffle(groups)
+    chosen: set[int] = set()
+    for group in groups:
+        if len(chosen) >= n or len(chosen) + len(group) >= len(split):
+            break
+        chosen.update(group)
+    return chosen or {0}
 
 
 def load_task_data(
