@@ -56,7 +56,14 @@ def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
     assert artifact.name.startswith("intents-mlp_fusion-")
     config = json.loads((artifact / "config.json").read_text())
     assert config["id2label"] == {str(i): name for i, name in enumerate(INTENTS)}
-    block = {"name": "intents", "labels": INTENTS, "text_columns": ["utterance"], "pair": False, "metric": "macro_f1"}
+    block = {
+        "name": "intents",
+        "kind": "sequence-classification",
+        "labels": INTENTS,
+        "text_columns": ["utterance"],
+        "pair": False,
+        "metric": "macro_f1",
+    }
     assert config["encoder_deploy_task"] == block
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["task"] == block and manifest["config"]["custom_task"]["labels"] == INTENTS

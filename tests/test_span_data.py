@@ -13,6 +13,7 @@ from seqeval.metrics import f1_score, precision_score, recall_score
 from pipeline.data.loaders import load_task_data
 from pipeline.data.squad import QASplit, read_qa
 from pipeline.data.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
+from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.train.entity_metric import entities, entity_scores
 from pipeline.train.squad_metric import normalize_answer, squad_scores, token_f1
@@ -234,3 +235,71 @@ def test_deploy_refuses_a_task_kind_it_cannot_train_yet_in_one_line():
 
     result = cli_deploy("--method", "mlp_fusion", "--task", "squad", "--data-dir", str(SHARED / "squad"))
     assert_one_line_error(result, "task squad is question-answering: deploys train sequence-classification tasks")
+
+
+# --- a user's token-classification and question-answering tasks (--task-file) ---------------------------------
+
+
+def _task_file(folder: Path, body: str) -> Path:
+    path = folder / "task.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_a_users_ner_and_qa_task_files_load(tmp_path):
+    (tmp_path / "train.conll").write_text("Peter NNP I-PER\nBlackburn NNP I-PER\n\n" * 12 + "Bonn NNP I-LOC\n\n" * 8)
+    (tmp_path / "dev.jsonl").write_text(json.dumps({"tokens": ["Bonn"], "tags": ["B-LOC"]}) + "\n")
+    ner = _task_file(tmp_path, "name: people\nkind: token-classification\ntrain: train.conll\ndev: dev.jsonl\n"
+                               "labels: [O, B-PER, I-PER, B-LOC, I-LOC]\nscheme: IOB1\n")  # fmt: skip
+    spec = task_spec("people", load_task_file(ner))
+    assert (spec.kind, spec.labels, spec.metric, spec.text_columns) == (
+        "token-classification",
+        ("O", "B-PER", "I-PER", "B-LOC", "I-LOC"),
+        "f1",
+        ("tokens",),
+    )
+    data = load_task_data(spec)
+    assert data.dev.tags == [(3,)] and len(data.train) + len(data.validation) == 20
+    assert data.train.tags[0] in ((1, 2), (3,))  # IOB1 read as IOB2
+
+    rows = [{"id": str(i), "question": "Who won?", "context": f"Team {i} won.", "answers": [
+        {"text": f"Team {i}", "answer_start": 0}]} for i in range(12)]  # fmt: skip
+    (tmp_path / "qa.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    qa = _task_file(tmp_path, "name: wins\nkind: question-answering\ntrain: qa.jsonl\ndev: qa.jsonl\n")
+    spec = task_spec("wins", load_task_file(qa))
+    assert (spec.kind, spec.labels, spec.metric, spec.num_labels) == ("question-answering", (), "f1", 2)
+    assert len(load_task_data(spec).dev) == 12
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("kind: token-classification\ntrain: a.conll\ndev: b.conll\nlabels: [O, B-PER]\n", "labels: the tags need "
+         "both B- and I- of every entity type; missing I-PER"),
+        ("kind: token-classification\ntrain: a.conll\ndev: b.conll\nlabels: [O, B-X, I-X]\nmetric: accuracy\n",
+         "metric: a token-classification task is scored by f1, not accuracy"),
+        ("kind: token-classification\ntrain: a.conll\ndev: b.conll\n", "labels: give the tag set in id order"),
+        ("kind: token-classification\ntrain: a.tsv\ndev: b.conll\nlabels: [O, B-X, I-X]\n",
+         "a.tsv': the format comes from the extension, one of .txt, .conll, .jsonl"),
+        ("kind: question-answering\ntrain: a.json\ndev: b.json\nlabels: [yes, no]\n", "labels: a question-answering "
+         "task has none"),
+        ("kind: question-answering\ntrain: a.csv\ndev: b.json\n", "one of .json, .jsonl"),
+        ("kind: sequence-classification\ntrain: a.tsv\ndev: b.tsv\ntext_columns: [t]\nlabel_column: l\n"
+         "labels: [a, b]\nscheme: IOB2\n", "scheme: IOB1/IOB2 is for token-classification tasks"),
+        ("kind: regression\ntrain: a.tsv\ndev: b.tsv\n", "kind: Input should be 'sequence-classification'"),
+    ],
+)  # fmt: skip
+def test_a_bad_ner_or_qa_task_file_is_one_line(tmp_path, body, needle):
+    with pytest.raises(PipelineError) as e:
+        load_task_file(_task_file(tmp_path, "name: mine\n" + body))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_deploy_refuses_a_users_ner_task_in_one_line(tmp_path):
+    from tests.helpers import assert_one_line_error, cli_deploy
+
+    (tmp_path / "a.conll").write_text("Bonn NNP B-LOC\n\n" * 8)
+    task = _task_file(tmp_path, "name: places\nkind: token-classification\ntrain: a.conll\ndev: a.conll\n"
+                                "labels: [O, B-LOC, I-LOC]\n")  # fmt: skip
+    result = cli_deploy("--method", "mlp_fusion", "--task-file", str(task))
+    assert_one_line_error(result, "task places is token-classification: deploys train sequence-classification")

@@ -274,11 +274,23 @@ class TargetConfig(FrozenModel):
     accept_busy: bool = False
 
 
+TASK_FORMATS = {  # per task kind, a data file's format from its extension
+    "sequence-classification": DATA_FORMATS,
+    "token-classification": {".txt": "conll", ".conll": "conll", ".jsonl": "jsonl"},
+    "question-answering": {".json": "squad", ".jsonl": "jsonl"},
+}
+_KIND_DEFAULTS = {  # what a token or question-answering task file may leave out
+    "token-classification": {"text_columns": ["tokens"], "label_column": "tags", "metric": "f1", "scheme": "IOB2"},
+    "question-answering": {"text_columns": ["question", "context"], "label_column": "answers", "metric": "f1"},
+}
+
+
 class CustomTask(BaseModel):
     """A user's task, as its YAML file declares it (`--task-file`); train and dev are absolute once loaded.
 
     ```yaml
     name: intents
+    kind: sequence-classification  # the default; or token-classification, question-answering
     train: data/train.jsonl        # .tsv, .csv or .jsonl (format from the extension), relative to this file
     dev: data/dev.jsonl
     text_columns: [premise, hypothesis]   # one column, or two for a pair task
@@ -286,17 +298,33 @@ class CustomTask(BaseModel):
     labels: [entailment, neutral, contradiction]   # in id order; string or integer values as in the files
     metric: accuracy               # accuracy | f1 (two labels) | macro_f1
     ```
+
+    Token classification (NER): `train`/`dev` in CoNLL format (`.txt`, `.conll`: word first, tag last, a blank
+    line between sentences) or JSONL (`.jsonl`: a list of words in `text_columns[0]`, default `tokens`, and as
+    many tags in `label_column`, default `tags`); `labels` is the tag set in id order (`O`, and `B-X` and `I-X`
+    for each entity type X); `scheme` IOB2 (the default) or IOB1, both read by the CoNLL rules and kept as IOB2;
+    the metric is entity-level f1. Question answering: `train`/`dev` in SQuAD JSON (`.json`) or JSONL (`.jsonl`:
+    id, question, context, answers), no labels; the metric is SQuAD's f1 (exact match reported beside it).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    kind: Literal["sequence-classification", "token-classification", "question-answering"] = "sequence-classification"
     train: str
     dev: str
-    text_columns: tuple[str, ...]
-    label_column: str = Field(min_length=1)
-    labels: tuple[str | int, ...]
+    text_columns: tuple[str, ...] = ()
+    label_column: str = ""
+    labels: tuple[str | int, ...] = ()
     metric: Literal["accuracy", "f1", "macro_f1"] = "accuracy"
+    scheme: Literal["IOB1", "IOB2"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_defaults(cls, data):
+        if isinstance(data, dict) and data.get("kind") in _KIND_DEFAULTS:
+            data = {**_KIND_DEFAULTS[data["kind"]], **data}
+        return data
 
     @field_validator("text_columns", mode="before")
     @classmethod
@@ -308,15 +336,32 @@ class CustomTask(BaseModel):
             raise ValueError(f"a pair task needs two different columns, not {v[0]!r} twice")
         return v
 
-    @field_validator("train", "dev")
-    @classmethod
-    def _known_format(cls, v: str) -> str:
-        if Path(v).suffix.lower() not in DATA_FORMATS:
-            raise ValueError(f"{v!r}: the format comes from the extension, one of {', '.join(DATA_FORMATS)}")
-        return v
-
     @model_validator(mode="after")
-    def _labels(self) -> CustomTask:
+    def _per_kind(self) -> CustomTask:
+        formats = TASK_FORMATS[self.kind]
+        for key in ("train", "dev"):
+            path = getattr(self, key)
+            if Path(path).suffix.lower() not in formats:
+                raise ValueError(f"{key}: {path!r}: the format comes from the extension, one of {', '.join(formats)}")
+        if self.kind == "sequence-classification":
+            return self._sequence()
+        if self.kind == "token-classification" and len(self.text_columns) != 1:
+            raise ValueError("text_columns: a token-classification task reads one column, its words")
+        if self.metric != "f1":
+            raise ValueError(f"metric: a {self.kind} task is scored by f1, not {self.metric}")
+        if self.kind == "question-answering" and self.labels:
+            raise ValueError("labels: a question-answering task has none (answers are spans of the context)")
+        if self.kind == "token-classification" and not self.labels:
+            raise ValueError("labels: give the tag set in id order, e.g. [O, B-PER, I-PER]")
+        return self
+
+    def _sequence(self) -> CustomTask:
+        if not self.text_columns:
+            raise ValueError("text_columns: give one text column, or two for a pair task")
+        if not self.label_column:
+            raise ValueError("label_column: name the column that holds the label")
+        if self.scheme is not None:
+            raise ValueError("scheme: IOB1/IOB2 is for token-classification tasks")
         values = [str(v) for v in self.labels]
         if len(values) < 2:
             raise ValueError(f"labels: a classification task needs at least two labels, got {values}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, parse
+from pipeline.data.tagged import check_tag_set
 from pipeline.errors import PipelineError
 
 SEQUENCE = "sequence-classification"  # one label per text or text pair
@@ -193,6 +194,7 @@ def custom_spec(task: CustomTask) -> TaskSpec:
         dev_file=task.dev,
         metric=task.metric,
         custom=True,
+        kind=task.kind,
     )
 
 
@@ -204,6 +206,11 @@ def load_task_file(path: str | Path) -> CustomTask:
         if isinstance(data.get(key), str):
             data[key] = str((path.parent / data[key]).resolve())
     task = parse(CustomTask, data, f"task file {path}")
+    if task.kind == TOKEN:
+        try:
+            check_tag_set([str(t) for t in task.labels])
+        except ValueError as e:
+            raise PipelineError(f"invalid task file {path}: labels: {e}") from None
     if task.name in TASKS:
         raise PipelineError(f"task file {path}: name {task.name!r} is a built-in task; use --task {task.name}, or "
                             "another name")  # fmt: skip
