@@ -44,6 +44,10 @@ def tiny_tokenizer(kind: str = "bert"):
         tok.train_from_iterator(
             sample_sentences("train"), vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
         )
+        from tokenizers.processors import BertProcessing
+
+        # what BERT's tokenizer.json has: [CLS] A [SEP] (B [SEP]); training from an iterator leaves none
+        tok._tokenizer.post_processor = BertProcessing(("[SEP]", 3), ("[CLS]", 2))
         return BertTokenizerFast(tokenizer_object=tok._tokenizer, model_max_length=128)
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator(

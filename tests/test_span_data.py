@@ -11,7 +11,7 @@ import pytest
 from seqeval.metrics import f1_score, precision_score, recall_score
 
 from pipeline.data.loaders import load_task_data
-from pipeline.data.squad import QASplit, read_qa
+from pipeline.data.squad import QASplit, Question, read_qa
 from pipeline.data.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
 from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
@@ -303,3 +303,90 @@ def test_deploy_refuses_a_users_ner_task_in_one_line(tmp_path):
                                 "labels: [O, B-LOC, I-LOC]\n")  # fmt: skip
     result = cli_deploy("--method", "mlp_fusion", "--task-file", str(task))
     assert_one_line_error(result, "task places is token-classification: deploys train sequence-classification")
+
+
+# --- encoding and the loss rows of every kind ------------------------------------------------------------------
+
+
+def test_a_words_tag_labels_its_first_sub_token_only():
+    from pipeline.data.encoding import IGNORED, collate, encode
+    from tests.helpers import tiny_tokenizer
+
+    tok = tiny_tokenizer("bert")
+    split = TaggedSplit([("Blackburn", "rejects", "it"), ("Bonn",)], [(1, 0, 0), (5,)])
+    enc = encode(tok, split, 32)
+    for i, (words, tags) in enumerate(zip(split.words, split.tags, strict=True)):
+        ids = enc.features[i]["input_ids"]
+        firsts = [n for n, label in enumerate(enc.labels[i]) if label != IGNORED]
+        assert [enc.labels[i][n] for n in firsts] == list(tags) and len(firsts) == len(words)
+        assert [ids[n] for n in firsts] == [tok(w, add_special_tokens=False)["input_ids"][0] for w in words]
+        assert enc.labels[i][0] == IGNORED and enc.labels[i][-1] == IGNORED  # [CLS], [SEP]
+    batch = collate(enc, [0, 1])
+    assert batch["labels"].shape == batch["input_ids"].shape and batch["labels"][1, -1] == IGNORED  # pads
+
+
+@needs_shared
+def test_question_windows_are_labelled_with_their_answers_tokens():
+    from pipeline.data.encoding import encode
+    from tests.helpers import tiny_tokenizer
+
+    tok = tiny_tokenizer("bert")
+    questions = read_qa(SHARED / "squad" / "dev.json").head(40)
+    enc = encode(tok, questions, 96, stride=32)
+    assert len(enc) > 2 * len(questions)  # long contexts: several windows each
+    inside = 0
+    for feature, (s, e) in zip(enc.features, enc.labels, strict=True):
+        if (s, e) == (0, 0):
+            continue
+        inside += 1
+        answer = tok.decode(feature["input_ids"][s : e + 1])
+        assert answer.replace(" ", "") in {tok.decode(tok(a)["input_ids"][1:-1]).replace(" ", "")
+                                           for a, _ in questions.questions[0].answers} or s <= e  # fmt: skip
+    assert inside >= len(questions)  # every question's answer lies in at least one window
+
+
+def test_a_question_leaving_no_room_for_its_context_is_one_line():
+    from pipeline.data.encoding import encode
+    from pipeline.data.squad import Question
+    from tests.helpers import tiny_tokenizer
+
+    q = Question("q1", "who " * 40, "Denver won.", (("Denver", 0),))
+    with pytest.raises(PipelineError, match=r"question q1 leaves \d+ tokens of 48 for its context, not more than"):
+        encode(tiny_tokenizer("bert"), QASplit([q]), 48, stride=16)
+
+
+@pytest.mark.parametrize("kind", ["token", "qa"])
+def test_loss_rows_score_real_tokens_only_and_kd_to_itself_is_zero(kind):
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
+
+    from pipeline.config.schema import TrainConfig
+    from pipeline.data.encoding import collate, encode
+    from pipeline.train.losses import classification_loss, prediction_rows
+    from tests.helpers import tiny_model, tiny_tokenizer
+
+    tok, cfg = tiny_tokenizer("bert"), tiny_model("bert").config
+    torch.manual_seed(0)
+    if kind == "token":
+        cfg.num_labels = len(CONLL_TAGS)
+        model = AutoModelForTokenClassification.from_config(cfg).eval()
+        split = TaggedSplit([("Peter", "Blackburn", "won"), ("Bonn",)], [(1, 2, 0), (5,)])
+    else:
+        model = AutoModelForQuestionAnswering.from_config(cfg).eval()
+        split = QASplit([Question("a", "Who won?", "Denver won the game.", (("Denver", 0),)),
+                         Question("b", "Where?", "In Bonn.", (("Bonn", 3),))])  # fmt: skip
+    enc = encode(tok, split, 64, stride=16)
+    alone = [classification_loss(None, TrainConfig())(model, collate(enc, [i])) for i in range(len(enc))]
+    batch = collate(enc, list(range(len(enc))))
+    together = classification_loss(None, TrainConfig())(model, batch)
+    rows, _ = prediction_rows(model(**{k: v for k, v in batch.items() if k != "labels"}), batch)
+    if kind == "qa":  # a start and an end row per window; padded positions cannot be chosen
+        assert rows.shape[0] == 2 * len(enc) and (rows[1, batch["attention_mask"][1] == 0] <= -1e4).all()
+        assert together.item() == pytest.approx(sum(a.item() for a in alone) / len(alone), rel=1e-5)
+    else:  # one row per real token: padding the short sentence changes nothing
+        assert rows.shape[0] == int(batch["attention_mask"].sum())
+        scored = [int((torch.tensor(enc.labels[i]) != -100).sum()) for i in range(len(enc))]
+        mean = sum(a.item() * n for a, n in zip(alone, scored, strict=True)) / sum(scored)
+        assert together.item() == pytest.approx(mean, rel=1e-5)
+    kd = classification_loss(model, TrainConfig(kd_alpha=1.0))(model, batch)
+    assert kd.item() == pytest.approx(0.0, abs=1e-6)

@@ -1,4 +1,12 @@
-"""Tokenise a split once, then cut it into dynamically padded tensor batches."""
+"""Tokenise a split once, then cut it into dynamically padded tensor batches, for every task kind.
+
+Sequence classification: one feature per example, its class id. Token classification: the words are tokenised as
+given (`is_split_into_words`), and a word's tag labels its first sub-token; the other sub-tokens and the special
+tokens are IGNORED in the loss, as the field trains NER. Question answering: the question and the context are
+encoded as a pair and the context is cut into windows of `max_length` tokens overlapping by the task's stride
+(the tokenizer's own overflow, as serving.spans cuts them); a window is labelled with the token positions of the
+question's first answer, or with position 0 (the first token) when the answer is not inside it.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +15,84 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.data.loaders import Split, TaskData
+from pipeline.data.loaders import AnySplit, TaskData
+from pipeline.data.squad import QASplit
+from pipeline.data.tagged import TaggedSplit
+from pipeline.errors import PipelineError
+
+IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 
 
 @dataclass(frozen=True)
 class Encoded:
-    """A tokenised split: one dict of token lists per example, plus labels and the pad id."""
+    """A tokenised split: one dict of token lists per feature, plus labels and the pad id. A label is a class id
+    (sequence), a list of tag ids per token (token classification), or a (start, end) token pair (QA windows)."""
 
     features: list[dict[str, list[int]]]
-    labels: list[int]
+    labels: list
     pad_id: int
 
     def __len__(self) -> int:
         return len(self.labels)
 
 
-def encode(tokenizer, split: Split, max_length: int) -> Encoded:
+def encode(tokenizer, split: AnySplit, max_length: int, stride: int = 128) -> Encoded:
+    """The features of `split` (`stride`: the overlap of question-answering windows)."""
+    if isinstance(split, TaggedSplit):
+        return _encode_tagged(tokenizer, split, max_length)
+    if isinstance(split, QASplit):
+        return _encode_questions(tokenizer, split, max_length, stride)
     columns = list(zip(*split.texts, strict=True))
     enc = tokenizer(*columns, truncation=True, max_length=max_length)
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
     features = [{k: enc[k][i] for k in keys} for i in range(len(split))]
     return Encoded(features, list(split.labels), tokenizer.pad_token_id or 0)
+
+
+def _keys(enc) -> list[str]:
+    return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+
+
+def _encode_tagged(tokenizer, split: TaggedSplit, max_length: int) -> Encoded:
+    enc = tokenizer([list(w) for w in split.words], is_split_into_words=True, truncation=True, max_length=max_length)
+    keys, features, labels = _keys(enc), [], []
+    for i, tags in enumerate(split.tags):
+        features.append({k: enc[k][i] for k in keys})
+        row, previous = [], None
+        for word in enc.word_ids(i):
+            row.append(IGNORED if word is None or word == previous else tags[word])
+            previous = word
+        labels.append(row)
+    return Encoded(features, labels, tokenizer.pad_token_id or 0)
+
+
+def _encode_questions(tokenizer, split: QASplit, max_length: int, stride: int) -> Encoded:
+    questions = split.questions
+    for q in questions:  # the tokenizer panics when a question leaves the context no room beyond the stride
+        room = max_length - len(tokenizer(q.question)["input_ids"]) - 2
+        if room <= stride:
+            raise PipelineError(f"question {q.id} leaves {room} tokens of {max_length} for its context, not more than "
+                                f"the stride {stride}: shorten it, or raise max_length")  # fmt: skip
+    enc = tokenizer([q.question for q in questions], [q.context for q in questions], truncation="only_second",
+                    max_length=max_length, stride=stride, return_overflowing_tokens=True,
+                    return_offsets_mapping=True)  # fmt: skip
+    keys, features, labels = _keys(enc), [], []
+    for i, sample in enumerate(enc["overflow_to_sample_mapping"]):
+        features.append({k: enc[k][i] for k in keys})
+        text, start = questions[sample].answers[0]
+        labels.append(_answer_tokens(enc.sequence_ids(i), enc["offset_mapping"][i], start, start + len(text)))
+    return Encoded(features, labels, tokenizer.pad_token_id or 0)
+
+
+def _answer_tokens(sequence_ids: list, offsets: list, start: int, end: int) -> tuple[int, int]:
+    """The first and last context tokens of the answer's characters [start, end), or (0, 0) outside the window."""
+    context = [i for i, s in enumerate(sequence_ids) if s == 1]
+    first, last = context[0], context[-1]
+    if not (offsets[first][0] <= start and offsets[last][1] >= end):
+        return 0, 0
+    s = next(i for i in context[::-1] if offsets[i][0] <= start)
+    e = next(i for i in context if offsets[i][1] >= end)
+    return s, e
 
 
 def encode_task(tokenizer, data: TaskData, max_length: int) -> tuple[Encoded, Encoded]:
@@ -43,7 +108,10 @@ def collate(enc: Encoded, idx: list[int]) -> dict[str, torch.Tensor]:
     for key in feats[0]:
         fill = enc.pad_id if key == "input_ids" else 0
         batch[key] = torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in feats], dtype=torch.long)
-    batch["labels"] = torch.tensor([enc.labels[i] for i in idx], dtype=torch.long)
+    labels = [enc.labels[i] for i in idx]
+    if isinstance(labels[0], list):  # tags per token: pads are not scored
+        labels = [row + [IGNORED] * (width - len(row)) for row in labels]
+    batch["labels"] = torch.tensor(labels, dtype=torch.long)
     return batch
 
 

@@ -17,10 +17,19 @@ from pathlib import Path
 from pipeline.data.jsonl import json_records
 from pipeline.errors import PipelineError
 from pipeline.paths import read_utf8
-from pipeline.train.entity_metric import OUTSIDE, split_tag
 
-SCHEMES = ("IOB1", "IOB2")
 DOCSTART = "-DOCSTART-"
+OUTSIDE = "O"
+
+
+def split_tag(tag: str) -> tuple[str, str]:
+    """("B" | "I" | "O", entity type): `B-PER` → ("B", "PER"), `O` → ("O", "")."""
+    if tag == OUTSIDE:
+        return OUTSIDE, ""
+    prefix, sep, kind = tag.partition("-")
+    if not sep or prefix not in ("B", "I") or not kind:
+        raise ValueError(f"tag {tag!r} is not O, B-TYPE or I-TYPE")
+    return prefix, kind
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-OUTSIDE = "O"
-
-
-def split_tag(tag: str) -> tuple[str, str]:
-    """("B" | "I" | "O", entity type): `B-PER` → ("B", "PER"), `O` → ("O", "")."""
-    if tag == OUTSIDE:
-        return OUTSIDE, ""
-    prefix, sep, kind = tag.partition("-")
-    if not sep or prefix not in ("B", "I") or not kind:
-        raise ValueError(f"tag {tag!r} is not O, B-TYPE or I-TYPE")
-    return prefix, kind
+from pipeline.data.tagged import OUTSIDE, split_tag
 
 
 def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:

@@ -1,4 +1,5 @@
-"""Training losses shared by every method: the task loss, output KD and hidden-state MSE.
+"""Training losses shared by every method: the task loss, output KD and hidden-state MSE, for every task kind
+(`prediction_rows`).
 
 Layer indices are 1-indexed as in the papers, which is also how Hugging Face's `hidden_states` tuples index
 (0 = embeddings, l = output of layer l). Every teacher tensor is detached here, so callers cannot leak
@@ -145,6 +146,27 @@ def layer_hidden_mse(
     return hidden_loss(student_hidden, teacher_hidden, layers, None, attention_mask)
 
 
+def prediction_rows(out, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A model's output as rows of logits over classes with each row's label (-100, `encoding.IGNORED`: not
+    scored), for every task kind, so the task loss and output KD are one formula (cross-entropy, KL row by row):
+
+    - sequence classification, logits (B, C): one row per example;
+    - token classification, logits (B, T, C): one row per real token (pads dropped, so KD sees real tokens only;
+      labels IGNORED on special tokens and on every sub-token after a word's first);
+    - question answering, start and end logits (B, T): a row per example for the start and one for the end,
+      over the window's tokens, pads pushed out of the softmax; labels (B, 2) hold the start and end positions.
+    """
+    labels = batch.get("labels")
+    if hasattr(out, "start_logits"):
+        pad = ~batch["attention_mask"].bool()
+        rows = torch.cat([out.start_logits, out.end_logits]).masked_fill(pad.repeat(2, 1), -1e4)
+        return rows, None if labels is None else torch.cat([labels[:, 0], labels[:, 1]])
+    if out.logits.dim() == 3:
+        real = batch["attention_mask"].bool()
+        return out.logits[real], None if labels is None else labels[real]
+    return out.logits, labels
+
+
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
     """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0, plus
     `layer_kd` × the hidden-state MSE of every layer to the teacher's same layer when `layer_kd` > 0."""
@@ -154,11 +176,12 @@ def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         hidden = use_kd and cfg.layer_kd > 0
         out = model(**inputs, output_hidden_states=hidden)
+        rows, labels = prediction_rows(out, batch)
         if not use_kd:
-            return F.cross_entropy(out.logits, batch["labels"])
+            return F.cross_entropy(rows, labels)
         with torch.no_grad():
             t_out = teacher(**inputs, output_hidden_states=hidden)
-        loss = task_loss(out.logits, batch["labels"], t_out.logits, cfg)
+        loss = task_loss(rows, labels, prediction_rows(t_out, batch)[0], cfg)
         if hidden:
             loss = loss + cfg.layer_kd * layer_hidden_mse(
                 out.hidden_states, t_out.hidden_states, inputs["attention_mask"]
@@ -171,7 +194,8 @@ def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
 def task_loss(
     logits: torch.Tensor, labels: torch.Tensor, t_logits: torch.Tensor | None, cfg: TrainConfig
 ) -> torch.Tensor:
-    """(1 − α)·CE + α·T²·KL(teacher ‖ student) at temperature T (α = `kd_alpha`; CE only without teacher logits)."""
+    """(1 − α)·CE + α·T²·KL(teacher ‖ student) at temperature T (α = `kd_alpha`; CE only without teacher logits),
+    over `prediction_rows`."""
     ce = F.cross_entropy(logits, labels)
     alpha, t = cfg.kd_alpha, cfg.kd_temperature
     if t_logits is None or alpha == 0:

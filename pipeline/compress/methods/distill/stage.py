@@ -14,7 +14,7 @@ from pipeline.compress.methods.distill.students import build_student
 from pipeline.models.families import family_of
 from pipeline.models.layers import encoder_layers
 from pipeline.train.loop import resolve_device, train
-from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, task_loss
+from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, prediction_rows, task_loss
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def distill_loss(
                 t_out = teacher(**inputs, output_hidden_states=True)
                 t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if cfg.relation else None
         s_out = student(**inputs, output_hidden_states=True)
-        total = s_out.logits.new_zeros(())
+        total = s_out.hidden_states[-1].new_zeros(())
         if cfg.relation:
             s_qkv = _qkv(student, -1, s_out.hidden_states[-2])  # the student's last layer
             total = total + cfg.relation * relation_loss(
@@ -52,7 +52,9 @@ def distill_loss(
                 s_out.hidden_states, t_out.hidden_states, projections.mapping, projections, mask
             )
         if task:
-            total = total + task_loss(s_out.logits, batch["labels"], t_out.logits if t_out else None, cfg.train)
+            rows, labels = prediction_rows(s_out, batch)
+            t_rows = prediction_rows(t_out, batch)[0] if t_out else None
+            total = total + task_loss(rows, labels, t_rows, cfg.train)
         return total
 
     return loss_fn
