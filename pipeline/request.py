@@ -18,7 +18,7 @@ from pipeline.config.schema import CustomTask, DeployConfig, parse
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import SEQUENCE, TASKS, TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, default_model_path, is_classifier
+from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_writable_dir
 from serving.artifact import ArtifactError, check_signing_key, max_positions
 
@@ -155,10 +155,9 @@ def prepare_request(
         check_weights_agree(model_dir)
     if teacher is not None:
         cfg = check_model_dir(teacher)
-        if not is_classifier(cfg):
+        if head_kind(cfg) != spec.kind:
             raise PipelineError(
-                f"teacher {teacher} is not a fine-tuned sequence classifier "
-                f"(architectures: {cfg.get('architectures')})"
+                f"teacher {teacher} is not a fine-tuned {spec.kind} model (architectures: {cfg.get('architectures')})"
             )
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg

@@ -136,7 +136,7 @@ def test_teacher_must_be_a_classifier(base_dirs):
     result = cli_deploy(
         "--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out"
     )
-    assert_one_line_error(result, "not a fine-tuned sequence classifier")
+    assert_one_line_error(result, "not a fine-tuned sequence-classification model")
 
 
 @pytest.mark.parametrize(

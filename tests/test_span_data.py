@@ -396,3 +396,51 @@ def test_loss_rows_score_real_tokens_only_and_kd_to_itself_is_zero(kind):
         assert together.item() == pytest.approx(mean, rel=1e-5)
     kd = classification_loss(model, TrainConfig(kd_alpha=1.0))(model, batch)
     assert kd.item() == pytest.approx(0.0, abs=1e-6)
+
+
+# --- heads of every kind: built from a base model, compacted, saved and reloaded at per-layer shapes -----------
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert", "mpnet"])
+def test_token_and_qa_heads_load_compact_exactly_and_reload(family, tmp_path):
+    import torch
+
+    from pipeline.compress.compaction import compact_
+    from pipeline.data.tasks import get_task
+    from pipeline.models.families import family_of
+    from pipeline.models.io import load_base_model, load_model, save_model
+    from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
+    from tests.helpers import tiny_family_model, tiny_family_tokenizer
+
+    torch.manual_seed(0)
+    base = tmp_path / "base"
+    tiny_family_model(family).base_model.save_pretrained(base)  # a bare encoder, as on the hub
+    tiny_family_tokenizer(family).save_pretrained(base)
+    ids = torch.randint(5, 300, (3, 10))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    for task in ("conll2003", "squad"):
+        spec = get_task(task)
+        model = load_base_model(base, spec).eval()
+        adapter, blocks = family_of(model), encoder_layers(model)
+        with torch.no_grad():  # layer 0 loses head 0, layer 1 five neurons: two layers of their own shapes
+            d = adapter.head_size(blocks[0])
+            blocks[0].get_submodule(adapter.head_writer.path).weight[:, :d] = 0
+            blocks[1].get_submodule(adapter.ffn_writer.path).weight[:, :5] = 0
+
+        def outputs(m):
+            with torch.no_grad():
+                out = m(input_ids=ids, attention_mask=mask)
+            names = ("logits", "start_logits", "end_logits")
+            return [getattr(out, k) for k in names if getattr(out, k, None) is not None]
+
+        before = outputs(model)
+        assert [o.shape for o in before] == ([(3, 10, 9)] if task == "conll2003" else [(3, 10), (3, 10)])
+        compact_(model)
+        assert head_counts(model)[:2] == [2, 3] and ffn_widths(model)[:2] == [40, 35]
+        for a, b in zip(before, outputs(model), strict=True):
+            assert torch.allclose(a, b, atol=1e-5)  # compaction is exact for these heads too
+        again = load_model(save_model(model, None, tmp_path / task))
+        assert head_counts(again) == head_counts(model) and type(again) is type(model)
+        for a, b in zip(outputs(model), outputs(again), strict=True):
+            assert torch.equal(a, b)

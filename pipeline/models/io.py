@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from pipeline.data.tasks import QA, SEQUENCE, TOKEN
 from pipeline.errors import PipelineError, one_line
 from pipeline.models.families import family_of
-from pipeline.models.folders import check_model_dir, is_classifier, safetensors_header
+from pipeline.models.folders import check_model_dir, head_kind, safetensors_header
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
 from pipeline.models.layers import ScaledLinear, ffn_widths, head_counts, resize_ffn_, resize_heads_
 
@@ -26,25 +27,42 @@ if TYPE_CHECKING:
 
     from pipeline.data.tasks import TaskSpec
 
+# Each task kind's transformers class
+AUTO_CLASSES = {
+    SEQUENCE: "AutoModelForSequenceClassification",
+    TOKEN: "AutoModelForTokenClassification",
+    QA: "AutoModelForQuestionAnswering",
+}
+# The classification head's module in every family, the only part a new label count replaces (a question-answering
+# head always has two outputs, start and end, so it is never replaced)
+LABEL_HEAD = "classifier"
+
+
+def auto_class(kind: str):
+    """The transformers `AutoModelFor...` class of a task kind."""
+    import transformers
+
+    return getattr(transformers, AUTO_CLASSES[kind])
+
 
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
-    """A pretrained encoder with a classification head for `task`, ready for fine-tuning.
+    """A pretrained encoder with the head of `task`'s kind (sequence or token classification, question
+    answering), ready for fine-tuning.
 
     Only the head may be new: a classifier saved at per-layer shapes (a compacted one, e.g. an artifact's
     `pytorch/`) loads through `load_model`, keeping every layer as it is, and keeps its head when the label count
     matches (else gets a fresh one); any other folder loads through transformers, and a mismatch anywhere but the
     head is an error, never a silent re-initialisation.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig
 
     config = check_model_dir(path)
-    labels = {
-        "num_labels": task.num_labels,
-        "id2label": dict(enumerate(task.labels)),
-        "label2id": {name: i for i, name in enumerate(task.labels)},
-    }
+    labels = {"num_labels": task.num_labels}
+    if task.labels:  # question answering's two outputs (start, end) have no label names
+        labels.update(id2label=dict(enumerate(task.labels)), label2id={name: i for i, name in enumerate(task.labels)})
+    auto = auto_class(task.kind)
     per_layer = "intermediate_sizes" in config or "layer_heads" in config  # saved by `save_model`
-    if per_layer and is_classifier(config) and Path(path, "model.safetensors").is_file():
+    if per_layer and head_kind(config) == task.kind and Path(path, "model.safetensors").is_file():
         model = load_model(path)
         if model.config.num_labels != task.num_labels:
             if getattr(model.config, "classifier_head", None) == HEAD_NAME:
@@ -52,20 +70,20 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
                     f"{path}: its verbalizer head has {model.config.num_labels} label words; task "
                     f"{task.name} has {task.num_labels} labels"
                 )
-            fresh = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(str(path), **labels))
-            model.classifier = fresh.classifier
+            fresh = auto.from_config(AutoConfig.from_pretrained(str(path), **labels))
+            model.set_submodule(LABEL_HEAD, fresh.get_submodule(LABEL_HEAD))
         for key, value in labels.items():
             setattr(model.config, key, value)
         return model
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
+        model, info = auto.from_pretrained(
             str(path), ignore_mismatched_sizes=True, output_loading_info=True, use_safetensors=True, **labels
         )
     except Exception as e:
         raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
     # plain keys here; (key, shapes) tuples in some transformers versions
     keys = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])]
-    mismatched = [key for key in keys if not key.startswith("classifier.")]
+    mismatched = [key for key in keys if not key.startswith(f"{LABEL_HEAD}.")]
     if mismatched:
         raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
     return model
@@ -80,40 +98,44 @@ def check_weights_agree(path: str | Path) -> None:
         PipelineError: a weight's shape differs from the config's, in one line naming the first few.
     """
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModel
 
     config = AutoConfig.from_pretrained(str(path))
     if getattr(config, "layer_heads", None) is not None or getattr(config, "intermediate_sizes", None) is not None:
         return
+    kind = head_kind(config)
     with torch.device("meta"):
-        model = (AutoModelForSequenceClassification if is_classifier(config) else AutoModel).from_config(config)
+        model = (auto_class(kind) if kind else AutoModel).from_config(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     prefix = model.base_model_prefix + "."
     wrong = []
     for key, tensor in safetensors_header(Path(path) / "model.safetensors").items():
         name = key if key in expected else prefix + key if prefix + key in expected else key.removeprefix(prefix)
-        if name in expected and tuple(tensor["shape"]) != expected[name] and not name.startswith("classifier."):
+        if name in expected and tuple(tensor["shape"]) != expected[name] and not name.startswith(f"{LABEL_HEAD}."):
             wrong.append(f"{key} {tuple(tensor['shape'])} vs {expected[name]}")
     if wrong:
         raise PipelineError(f"{path}: the weights disagree with config.json: {'; '.join(wrong[:3])}")
 
 
 def load_model(path: str | Path) -> PreTrainedModel:
-    """Load a sequence classifier saved by `save_model` (or any standard one), at its real per-layer shapes.
+    """Load a model with a task head (sequence or token classification, question answering) saved by
+    `save_model` (or any standard one), at its real per-layer shapes.
 
     Raises:
-        PipelineError: the folder is not a classifier, or any weight is missing, unexpected or mis-shaped.
+        PipelineError: the folder holds no task head, or any weight is missing, unexpected or mis-shaped.
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig
 
     path = Path(path)
     check_model_dir(path, need_tokenizer=False)
     config = AutoConfig.from_pretrained(str(path))
-    if not is_classifier(config):
-        raise PipelineError(f"{path} holds no sequence classifier (architectures: {config.architectures})")
+    kind = head_kind(config)
+    if kind is None:
+        raise PipelineError(f"{path} holds no sequence classifier, token classifier or question-answering head "
+                            f"(architectures: {config.architectures})")  # fmt: skip
     from safetensors.torch import load_file
 
-    model = AutoModelForSequenceClassification.from_config(config)
+    model = auto_class(kind).from_config(config)
     if getattr(config, "classifier_head", None) == HEAD_NAME:  # SMP's label-word head
         install_verbalizer_(model)
     state = load_file(str(path / "model.safetensors"))

@@ -10,7 +10,7 @@ from pipeline.compress.compaction import cut_from
 from pipeline.compress.methods.distill.config import StudentConfig
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, is_classifier
+from pipeline.models.folders import check_model_dir, head_kind
 from pipeline.models.io import load_base_model, load_model
 from pipeline.models.layers import encoder_layers
 
@@ -33,7 +33,7 @@ def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tup
     """A trainable student and a description of how it was made."""
     if cfg.path is not None:
         config = check_model_dir(cfg.path)
-        student = load_model(cfg.path) if is_classifier(config) else load_base_model(cfg.path, task)
+        student = load_model(cfg.path) if head_kind(config) == task.kind else load_base_model(cfg.path, task)
         if student.config.num_labels != task.num_labels:
             raise PipelineError(
                 f"student {cfg.path} has {student.config.num_labels} labels, task {task.name} has {task.num_labels}"
