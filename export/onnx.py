@@ -62,15 +62,33 @@ def _quiet() -> Iterator[None]:
 
 
 def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Path:
-    """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with config and tokenizer."""
+    """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with config and tokenizer. The
+    graph's outputs are its head's: `logits` (sequence or token classification) or `start_logits` and `end_logits`
+    (question answering), Optimum's task inferred from the model's class."""
     from optimum.exporters.onnx import onnx_export_from_model
 
     out_dir = Path(out_dir)
     with _quiet():
-        onnx_export_from_model(model.eval(), out_dir, task="text-classification", opset=opset, do_validation=False)
+        onnx_export_from_model(model.eval(), out_dir, task=optimum_task(model), opset=opset, do_validation=False)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
     return out_dir / "model.onnx"
+
+
+OPTIMUM_TASKS = {  # a head's class suffix -> Optimum's export task (and ORTModelFor... class)
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+
+
+def optimum_task(model) -> str:
+    """Optimum's task for a transformers model with a task head."""
+    name = type(model).__name__
+    for suffix, task in OPTIMUM_TASKS.items():
+        if name.endswith(suffix):
+            return task
+    raise ValueError(f"{name} has no sequence-classification, token-classification or question-answering head")
 
 
 def optimize_onnx(
