@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         quantize_static_int8(paths["fp32"], paths["int8-static"], calib_enc.features)
         result: dict = {"model": str(args.model), "calibration_sentences": len(calib_enc), "variants": {}}
         for name, path in paths.items():
-            entry = {split: scores(onnx_logits(path, enc), enc.labels)["accuracy"] for split, enc in splits.items()}
+            entry = {split: scores(onnx_logits(path, enc), enc)["accuracy"] for split, enc in splits.items()}
             entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)
             result["variants"][name] = entry
         timed = dict(paths)

@@ -1,4 +1,5 @@
-"""Run an ONNX graph over the same batches as torch, and compare logits. The one parity implementation."""
+"""Run an ONNX graph over the same batches as torch, and compare its prediction rows. The one parity
+implementation."""
 
 from __future__ import annotations
 
@@ -6,20 +7,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from export.sessions import make_session
 from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.train.metrics import join_rows, longest, output_rows
 
 
 def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndarray:
-    """Logits of the ONNX graph for every example, batched and padded exactly as `predict_logits` does."""
+    """The ONNX graph's prediction rows for every feature (`pipeline.train.metrics`), batched and padded exactly
+    as `predict_logits` does, from every output of the graph (logits; or start and end logits)."""
     session = make_session(path)
     names = [i.name for i in session.get_inputs()]
-    out = []
+    outputs = [o.name for o in session.get_outputs()]
+    out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
-        feed = {n: batch[n].numpy() for n in names}
-        out.append(session.run(["logits"], feed)[0])
-    return np.concatenate(out)
+        values = session.run(outputs, {n: batch[n].numpy() for n in names})
+        out.append(output_rows({k: torch.from_numpy(v) for k, v in zip(outputs, values, strict=True)}, batch, width))
+    return join_rows(out, enc)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,6 @@ def evaluate_artifact(
     ref = DataRef(task, source, str(Path(data_dir).resolve()) if data_dir else None, validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
-    metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc.labels) for p, f in GRAPHS.items()}
+    metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc) for p, f in GRAPHS.items()}
     return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(enc),
             "metric": task.metric, "metrics": metrics}  # fmt: skip

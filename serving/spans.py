@@ -41,14 +41,17 @@ def question_windows(
     tok.no_padding()
     tok.enable_truncation(max_length, stride=stride, strategy="only_second", direction="right")
     first = tok.encode(question, context)
-    windows = []
-    for enc in [first, *first.overflowing]:
-        allowed = np.array([s == 1 for s in enc.sequence_ids], dtype=bool)
-        if cls_id is not None:
-            allowed |= np.array(enc.ids) == cls_id  # the pipeline keeps [CLS] unmasked (null answers)
-        allowed &= np.array(enc.attention_mask, dtype=bool)
-        windows.append(Window(enc, allowed))
-    return windows
+    return [window_of(enc, cls_id) for enc in [first, *first.overflowing]]
+
+
+def window_of(encoding: Encoding, cls_id: int | None) -> Window:
+    """A window of an encoded (question, context) pair: the context's tokens may be an answer, and the first
+    token stays a candidate as in the pipeline (`cls_id`: the tokenizer's classification token)."""
+    allowed = np.array([s == 1 for s in encoding.sequence_ids], dtype=bool)
+    if cls_id is not None:
+        allowed |= np.array(encoding.ids) == cls_id  # the pipeline keeps [CLS] unmasked (null answers)
+    allowed &= np.array(encoding.attention_mask, dtype=bool)
+    return Window(encoding, allowed)
 
 
 def _softmax_masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:

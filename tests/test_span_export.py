@@ -55,3 +55,55 @@ def test_every_output_of_the_graph_matches_torch_and_optimum_answers_alike(famil
         for text in texts:
             a, b = served(text), reference(text)
             assert [(e["entity"], e["start"], e["end"]) for e in a] == [(e["entity"], e["start"], e["end"]) for e in b]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, tmp_path):
+    from export.parity import compare_logits, onnx_logits
+    from pipeline.data.encoding import encode
+    from pipeline.data.squad import QASplit, Question
+    from pipeline.data.tagged import TaggedSplit
+    from pipeline.train.metrics import MAX_ANSWER_TOKENS, predict_logits, scores
+    from pipeline.train.squad_metric import squad_scores
+    from serving.spans import best_answers, question_windows
+
+    tok, model = tiny_tokenizer("bert"), _model("bert", kind)
+    export_optimized(model, tok, tmp_path)
+    texts = sample_sentences()[:24]
+    if kind == "token-classification":
+        words = [tuple(t.split()) for t in texts]
+        tags = [tuple([1, 2] + [0] * (len(w) - 3) + [5])[: len(w)] for w in words]  # a person first, a place last
+        split = TaggedSplit(words, tags, tuple(TAGS))
+        enc = encode(tok, split, 16)  # some sentences lose words to truncation: they are predicted O
+    else:
+        split = QASplit([Question(str(i), " ".join(texts[i].split()[:4]) + "?", " ".join(texts[i : i + 6]),
+                                  ((texts[i].split()[0], 0),)) for i in range(12)])  # fmt: skip
+        enc = encode(tok, split, 48, stride=16)
+        assert len(enc) > len(split)  # windows
+    torch_rows, onnx_rows = predict_logits(model, enc), onnx_logits(tmp_path / "model.onnx", enc)
+    parity = compare_logits(torch_rows, onnx_rows, 1e-4)
+    assert parity.passed, parity
+    assert scores(torch_rows, enc) == scores(onnx_rows, enc)
+    if kind == "token-classification":  # rows that put each word's gold tag on its first sub-token score 100
+        full = encode(tok, split, 64)
+        perfect, start = np.full((sum(len(f["input_ids"]) for f in full.features), len(TAGS)), -10.0), 0
+        for feature, labels in zip(full.features, full.labels, strict=True):
+            for n, label in enumerate(labels):
+                perfect[start + n, max(label, 0)] = 10.0
+            start += len(feature["input_ids"])
+        assert scores(perfect, full) == {"precision": 100.0, "recall": 100.0, "f1": 100.0}
+        return
+    served = []  # what the server does: its own windows, the model per window, the same decoder
+    for q in split.questions:
+        windows = question_windows(tok.backend_tokenizer, q.question, q.context, 48, 16, tok.cls_token_id)
+        outs = []
+        for w in windows:
+            with torch.no_grad():
+                e = w.encoding
+                out = model(input_ids=torch.tensor([e.ids]), token_type_ids=torch.tensor([e.type_ids]),
+                            attention_mask=torch.tensor([e.attention_mask]))  # fmt: skip
+            outs.append((out.start_logits[0].numpy(), out.end_logits[0].numpy()))
+        answers = best_answers(windows, [s for s, _ in outs], [e for _, e in outs], q.context, MAX_ANSWER_TOKENS)
+        served.append(answers[0]["answer"])
+    golds = [[a for a, _ in q.answers] for q in split.questions]
+    assert scores(torch_rows, enc) == pytest.approx(squad_scores(served, golds))

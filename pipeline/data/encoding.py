@@ -18,7 +18,9 @@ import torch
 from pipeline.data.loaders import AnySplit, TaskData
 from pipeline.data.squad import QASplit
 from pipeline.data.tagged import TaggedSplit
+from pipeline.data.tasks import QA, SEQUENCE, TOKEN
 from pipeline.errors import PipelineError
+from serving.spans import Window, window_of
 
 IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 
@@ -26,11 +28,18 @@ IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 @dataclass(frozen=True)
 class Encoded:
     """A tokenised split: one dict of token lists per feature, plus labels and the pad id. A label is a class id
-    (sequence), a list of tag ids per token (token classification), or a (start, end) token pair (QA windows)."""
+    (sequence), a list of tag ids per token (token classification), or a (start, end) token pair (QA windows).
+
+    Token classification and QA also keep what scoring needs: the split itself (gold tags and their names; gold
+    answers and contexts) and, for QA, each window's question (`samples`) and `windows` (serving.spans)."""
 
     features: list[dict[str, list[int]]]
     labels: list
     pad_id: int
+    kind: str = SEQUENCE
+    source: AnySplit | None = None
+    samples: list[int] | None = None
+    windows: list[Window] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -63,7 +72,7 @@ def _encode_tagged(tokenizer, split: TaggedSplit, max_length: int) -> Encoded:
             row.append(IGNORED if word is None or word == previous else tags[word])
             previous = word
         labels.append(row)
-    return Encoded(features, labels, tokenizer.pad_token_id or 0)
+    return Encoded(features, labels, tokenizer.pad_token_id or 0, TOKEN, split)
 
 
 def _encode_questions(tokenizer, split: QASplit, max_length: int, stride: int) -> Encoded:
@@ -77,11 +86,13 @@ def _encode_questions(tokenizer, split: QASplit, max_length: int, stride: int) -
                     max_length=max_length, stride=stride, return_overflowing_tokens=True,
                     return_offsets_mapping=True)  # fmt: skip
     keys, features, labels = _keys(enc), [], []
-    for i, sample in enumerate(enc["overflow_to_sample_mapping"]):
+    samples = list(enc["overflow_to_sample_mapping"])
+    for i, sample in enumerate(samples):
         features.append({k: enc[k][i] for k in keys})
         text, start = questions[sample].answers[0]
         labels.append(_answer_tokens(enc.sequence_ids(i), enc["offset_mapping"][i], start, start + len(text)))
-    return Encoded(features, labels, tokenizer.pad_token_id or 0)
+    windows = [window_of(e, tokenizer.cls_token_id) for e in enc.encodings]
+    return Encoded(features, labels, tokenizer.pad_token_id or 0, QA, split, samples, windows)
 
 
 def _answer_tokens(sequence_ids: list, offsets: list, start: int, end: int) -> tuple[int, int]:

@@ -34,19 +34,20 @@ def split_tag(tag: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class TaggedSplit:
-    """Sentences of one split: `words[i]` the words of sentence i, `tags[i]` their tag ids (IOB2)."""
+    """Sentences of one split: `words[i]` the words of sentence i, `tags[i]` their tag ids (IOB2) into `names`."""
 
     words: list[tuple[str, ...]]
     tags: list[tuple[int, ...]]
+    names: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tags)
 
     def subset(self, idx: Sequence[int]) -> TaggedSplit:
-        return TaggedSplit([self.words[i] for i in idx], [self.tags[i] for i in idx])
+        return TaggedSplit([self.words[i] for i in idx], [self.tags[i] for i in idx], self.names)
 
     def head(self, n: int | None) -> TaggedSplit:
-        return TaggedSplit(self.words[:n], self.tags[:n])
+        return TaggedSplit(self.words[:n], self.tags[:n], self.names)
 
     def digest(self, h) -> None:
         for words, tags in zip(self.words, self.tags, strict=True):
@@ -108,7 +109,7 @@ def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
     close()
     if not tags:
         raise PipelineError(f"{path}: no sentences")
-    return TaggedSplit(words, tags)
+    return TaggedSplit(words, tags, tuple(tag_names))
 
 
 def read_tagged_jsonl(path: Path, words_key: str, tags_key: str, tag_names: Sequence[str]) -> TaggedSplit:
@@ -127,7 +128,7 @@ def read_tagged_jsonl(path: Path, words_key: str, tags_key: str, tag_names: Sequ
         tags.append(tuple(ids[t] for t in to_iob2([_known_tag(t, ids, path, lineno, tags_key) for t in names])))
     if not tags:
         raise PipelineError(f"{path}: no sentences")
-    return TaggedSplit(words, tags)
+    return TaggedSplit(words, tags, tuple(tag_names))
 
 
 def _tag_name(tag, tag_names: Sequence[str]):

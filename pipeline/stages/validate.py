@@ -72,7 +72,8 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
             "onnx_fp32": onnx_logits(staging_path / GRAPHS["fp32"], enc),
             "onnx_int8": onnx_logits(staging_path / GRAPHS["int8"], enc),
         }
-        metrics[name] = {model: scores(v, enc.labels) for model, v in logits[name].items()}
+        metrics[name] = {model: scores(v, teacher_enc if model.startswith("teacher") else enc)
+                         for model, v in logits[name].items()}  # fmt: skip
         splits[name] = len(enc)
     val = logits["validation"]
     parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol)

@@ -138,9 +138,10 @@ def train(
             running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
             entry = {"step": step, "loss": round(running, 5)}
             if val_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
-                entry.update(scores(predict_logits(model, val_enc), val_enc.labels))
+                validation = scores(predict_logits(model, val_enc), val_enc)
+                entry.update(validation)
                 model.train()
-                log.info("%s: step %d/%d, validation accuracy %.2f", desc, step, steps, entry["accuracy"])
+                log.info("%s: step %d/%d, validation %s", desc, step, steps, _rounded(validation))
             result.history.append(entry)
             bar.update(1)
             bar.set_postfix(loss=f"{running:.4f}")
@@ -150,11 +151,15 @@ def train(
                 break
     bar.close()
     if val_enc is not None:
-        result.validation = scores(predict_logits(model, val_enc), val_enc.labels)
+        result.validation = scores(predict_logits(model, val_enc), val_enc)
         result.history[-1].update(result.validation)
     result.seconds = time.perf_counter() - start
     log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
     return _finish(model, teacher, result)
+
+
+def _rounded(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 2) for k, v in metrics.items()}
 
 
 def _finish(model: nn.Module, teacher: nn.Module | None, result: TrainResult) -> TrainResult:

@@ -125,7 +125,7 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
     """Fuse `model` (a copy of the fine-tuned teacher) in place, tune, train, and return it."""
     report = ctx.report
     report["fusion"] = fuse_(model, cfg)
-    report["validation_after_fusion"] = scores(predict_logits(model, ctx.validation), ctx.validation.labels)
+    report["validation_after_fusion"] = scores(predict_logits(model, ctx.validation), ctx.validation)
     log.info(
         "fused layers %s: validation right after fusion %s",
         report["fusion"]["layers"],
