@@ -308,19 +308,22 @@ def test_deploy_refuses_a_users_ner_task_in_one_line(tmp_path):
 # --- encoding and the loss rows of every kind ------------------------------------------------------------------
 
 
-def test_a_words_tag_labels_its_first_sub_token_only():
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_a_words_tag_labels_its_first_sub_token_only(family):
     from pipeline.data.encoding import IGNORED, collate, encode
     from tests.helpers import tiny_tokenizer
 
-    tok = tiny_tokenizer("bert")
-    split = TaggedSplit([("Blackburn", "rejects", "it"), ("Bonn",)], [(1, 0, 0), (5,)])
+    tok = tiny_tokenizer(family)
+    split = TaggedSplit([("Blackburn", "rejects", "it", "."), ("Bonn",)], [(1, 0, 0, 0), (5,)], CONLL_TAGS)
     enc = encode(tok, split, 32)
     for i, (words, tags) in enumerate(zip(split.words, split.tags, strict=True)):
-        ids = enc.features[i]["input_ids"]
         firsts = [n for n, label in enumerate(enc.labels[i]) if label != IGNORED]
         assert [enc.labels[i][n] for n in firsts] == list(tags) and len(firsts) == len(words)
-        assert [ids[n] for n in firsts] == [tok(w, add_special_tokens=False)["input_ids"][0] for w in words]
-        assert enc.labels[i][0] == IGNORED and enc.labels[i][-1] == IGNORED  # [CLS], [SEP]
+        text = " ".join(words)  # as the sentence is served
+        offsets = tok(text, return_offsets_mapping=True)["offset_mapping"]
+        starts = [text.index(w, sum(len(x) + 1 for x in words[:k])) for k, w in enumerate(words)]
+        assert [offsets[n][0] for n in firsts] == starts  # each word's first token starts the word
+        assert enc.labels[i][0] == IGNORED and enc.labels[i][-1] == IGNORED  # the special tokens
     batch = collate(enc, [0, 1])
     assert batch["labels"].shape == batch["input_ids"].shape and batch["labels"][1, -1] == IGNORED  # pads
 

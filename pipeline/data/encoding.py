@@ -1,8 +1,8 @@
 """Tokenise a split once, then cut it into dynamically padded tensor batches, for every task kind.
 
-Sequence classification: one feature per example, its class id. Token classification: the words are tokenised as
-given (`is_split_into_words`), and a word's tag labels its first sub-token; the other sub-tokens and the special
-tokens are IGNORED in the loss, as the field trains NER. Question answering: the question and the context are
+Sequence classification: one feature per example, its class id. Token classification: the words, joined by spaces,
+are tokenised as text, and a word's tag labels its first sub-token; the other sub-tokens and the special tokens
+are IGNORED in the loss, as the field trains NER. Question answering: the question and the context are
 encoded as a pair and the context is cut into windows of `max_length` tokens overlapping by the task's stride
 (the tokenizer's own overflow, as serving.spans cuts them); a window is labelled with the token positions of the
 question's first answer, or with position 0 (the first token) when the answer is not inside it.
@@ -10,6 +10,7 @@ question's first answer, or with position 0 (the first token) when the answer is
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -63,14 +64,26 @@ def _keys(enc) -> list[str]:
 
 
 def _encode_tagged(tokenizer, split: TaggedSplit, max_length: int) -> Encoded:
-    enc = tokenizer([list(w) for w in split.words], is_split_into_words=True, truncation=True, max_length=max_length)
+    """Each sentence as the text a user would send (its words joined by single spaces), so every family's
+    tokenizer reads it as it will be served (byte-level BPE needs no `add_prefix_space`); a token starting inside
+    a word belongs to it, and the word's first such token carries its tag."""
+    texts, starts = [], []
+    for words in split.words:
+        offsets, at = [], 0
+        for word in words:
+            offsets.append(at)
+            at += len(word) + 1
+        texts.append(" ".join(words))
+        starts.append(offsets)
+    enc = tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True)
     keys, features, labels = _keys(enc), [], []
     for i, tags in enumerate(split.tags):
         features.append({k: enc[k][i] for k in keys})
-        row, previous = [], None
-        for word in enc.word_ids(i):
-            row.append(IGNORED if word is None or word == previous else tags[word])
-            previous = word
+        row, seen = [], set()
+        for token, (begin, end) in zip(enc.encodings[i].special_tokens_mask, enc["offset_mapping"][i], strict=True):
+            word = bisect.bisect_right(starts[i], begin) - 1 if not token and end > begin else None
+            row.append(IGNORED if word is None or word in seen else tags[word])
+            seen.add(word)
         labels.append(row)
     return Encoded(features, labels, tokenizer.pad_token_id or 0, TOKEN, split)
 
