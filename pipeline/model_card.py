@@ -58,11 +58,28 @@ def _dataset(task: dict, hf_dataset: tuple[str, str] | None) -> dict[str, str]:
     return {"type": task["name"], "name": task["name"], "split": "dev"}
 
 
+# Per task kind (the task block's, absent in artifacts older than kinds): the hub's pipeline tag and task name,
+# Optimum's class, and a call of the pipeline
+KIND_USE = {
+    "sequence-classification": ("text-classification", "Text Classification", "ORTModelForSequenceClassification",
+                                'classify("a warm, funny film")'),
+    "token-classification": ("token-classification", "Token Classification", "ORTModelForTokenClassification",
+                             'classify("Peter Blackburn spoke in Brussels.")'),
+    "question-answering": ("question-answering", "Question Answering", "ORTModelForQuestionAnswering",
+                           'classify(question="Who spoke?", context="Peter Blackburn spoke in Brussels.")'),
+}  # fmt: skip
+
+
+def _use(task: dict) -> tuple[str, str, str, str]:
+    return KIND_USE[task.get("kind", "sequence-classification")]
+
+
 def metadata(report: dict, task: dict, base: dict, hf_dataset: tuple[str, str] | None) -> dict[str, Any]:
     """The card's metadata block (what the hub, and `huggingface_hub.ModelCard`, read)."""
+    tag, task_name, _, _ = _use(task)
     meta: dict[str, Any] = {
         "library_name": "onnxruntime",
-        "pipeline_tag": "text-classification",
+        "pipeline_tag": tag,
         "tags": ["onnx", "int8", "compressed", "encoder-deploy", *report["method"].split("+")],
     }
     if base.get("id"):
@@ -85,7 +102,7 @@ def metadata(report: dict, task: dict, base: dict, hf_dataset: tuple[str, str] |
                 "name": report.get("artifact", report["task"]),
                 "results": [
                     {
-                        "task": {"type": "text-classification", "name": "Text Classification"},
+                        "task": {"type": tag, "name": task_name},
                         "dataset": dataset,
                         "metrics": metrics,
                     }
@@ -101,9 +118,15 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     name = report.get("artifact", "artifact")
     base_name = base.get("id") or base.get("path") or "the given teacher"
     lines = [f"---\n{meta}---", "", f"# {name}", ""]
+    tag, _, ort_class, example = _use(task)
+    extra = ', aggregation_strategy="simple"' if tag == "token-classification" else ""
     reads = "sentence pairs" if task.get("pair") else "single texts"
+    what = {
+        "token-classification": f"token classifier ({', '.join(task['labels'])})",
+        "question-answering": "extractive question-answering model",
+    }.get(task.get("kind"), f"classifier ({', '.join(task['labels'])}; {reads})")
     lines += [
-        f"A {task['name']} classifier ({', '.join(task['labels'])}; {reads}) compressed with "
+        f"A {task['name']} {what} compressed with "
         f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "
         f"`{GRAPHS['fp32']}`, int8 `{GRAPHS['int8']}`) by encoder-deploy.",
         "",
@@ -117,11 +140,12 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
         "## Use",
         "",
         "```python",
-        "from optimum.onnxruntime import ORTModelForSequenceClassification",
+        f"from optimum.onnxruntime import {ort_class}",
         "from transformers import AutoTokenizer, pipeline",
         "",
-        f'model = ORTModelForSequenceClassification.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
-        'classify = pipeline("text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained("."))',
+        f'model = {ort_class}.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
+        f'classify = pipeline("{tag}", model=model, tokenizer=AutoTokenizer.from_pretrained("."){extra})',
+        example,
         "```",
         "",
         "`pipeline serve .` serves it over HTTP (checked against `manifest.json` first). `pytorch/` holds the "

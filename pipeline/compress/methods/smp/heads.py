@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.compress.methods.smp.verbalizer import LABEL_WORDS, has_mlm_head, label_word_ids
-from pipeline.data.tasks import TaskSpec
+from pipeline.data.tasks import SEQUENCE, TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.heads import BYTE_LEVEL_TYPES
@@ -17,9 +17,15 @@ def resolve_head(
 ) -> tuple[str, list[str] | None]:
     """("verbalizer", label words) or ("classifier", None); checks that every label word is one token.
 
-    The verbalizer reuses BERT's and RoBERTa's MLM head modules; other families take the classifier head.
+    The verbalizer reuses BERT's and RoBERTa's MLM head modules; other families, and token-classification and
+    question-answering tasks, take the task's own head.
     """
     model_type = model_config.get("model_type")
+    if task.kind != SEQUENCE:  # label words score a whole text, not a token or a span
+        if cfg.head == "verbalizer":
+            raise PipelineError(f"smp head 'verbalizer' is for sequence classification; task {task.name} is "
+                                f"{task.kind}: use head 'classifier'")  # fmt: skip
+        return "classifier", None
     if cfg.head == "verbalizer" and model_type != "bert" and model_type not in BYTE_LEVEL_TYPES:
         raise PipelineError(
             f"smp head 'verbalizer' supports bert, roberta and xlm-roberta, not {model_type!r}: use head 'classifier'"
