@@ -16,7 +16,7 @@ from pipeline.compress.shapes import check_target_chain
 from pipeline.config.recipes import load_recipe
 from pipeline.config.schema import CustomTask, DeployConfig, parse
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import SEQUENCE, TASKS, TaskSpec, get_task, load_task_file, task_spec
+from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_writable_dir
@@ -142,9 +142,6 @@ def prepare_request(
     task, custom = resolve_task(task, task_file)
     config = build_deploy_config(method, task, recipe, overrides, custom)
     spec = task_spec(config.task, config.custom_task)
-    if spec.kind != SEQUENCE:  # read and scored (pipeline.data), not yet trained, exported or served
-        raise PipelineError(f"task {spec.name} is {spec.kind}: deploys train sequence-classification tasks only, "
-                            f"so far ({', '.join(n for n, t in TASKS.items() if t.kind == SEQUENCE)})")  # fmt: skip
     check_writable_dir(output_dir, "output folder")
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
     model_dir = str(Path(model).resolve()) if model else str(default_model_path())

@@ -32,6 +32,7 @@ MANIFEST = "manifest.json"
 SIGNATURE = "model.sig"  # written after the manifest; the only file the manifest does not list
 # The task block in config.json and manifest.json (name, labels, text columns, pair, metric).
 TASK_KEY = "encoder_deploy_task"
+SEQUENCE_KIND = "sequence-classification"  # the task block's kind when it names none (artifacts before kinds)
 
 
 def max_positions(config: dict) -> int | None:

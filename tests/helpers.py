@@ -180,10 +180,11 @@ def sample_inputs(seed=0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sample_logits(model, seed=0):
-    """Logits of `sample_inputs(seed)` (torch, no grad)."""
+    """Logits of `sample_inputs(seed)` (torch, no grad); a question-answering head's start and end logits stacked."""
     ids, mask = sample_inputs(seed)
     with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask).logits
+        out = model(input_ids=ids, attention_mask=mask)
+    return torch.stack([out.start_logits, out.end_logits], -1) if hasattr(out, "start_logits") else out.logits
 
 
 # A tiny random model scored on a few dozen dev sentences: one borderline sentence that int8 flips is 2-3 points,

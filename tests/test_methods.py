@@ -14,11 +14,20 @@ from pipeline.compress.compaction import compact_
 from pipeline.compress.context import StageContext
 from pipeline.compress.masking import MaskedLinear
 from pipeline.compress.registry import methods
-from pipeline.data.encoding import encode_task
+from pipeline.data.encoding import encode, encode_task
 from pipeline.data.loaders import load_task_data
-from pipeline.data.tasks import get_task
+from pipeline.data.squad import QASplit, Question
+from pipeline.data.tagged import TaggedSplit
+from pipeline.data.tasks import TOKEN, get_task
 from pipeline.models.io import load_model, save_model
-from tests.helpers import FAMILY_KINDS, sample_logits, tiny_family_model, tiny_family_tokenizer, tiny_model
+from tests.helpers import (
+    FAMILY_KINDS,
+    sample_logits,
+    sample_sentences,
+    tiny_family_model,
+    tiny_family_tokenizer,
+    tiny_model,
+)
 
 TINY_TRAIN = {"max_steps": 4, "batch_size": 16, "epochs": 10}
 # the smallest budget of each method that still runs every one of its phases
@@ -57,6 +66,36 @@ def test_method_applies_compacts_and_reloads_exactly(name, device, tmp_path):
     _check_method(name, device, "bert", tmp_path)
 
 
+@functools.cache
+def _span_context(task: str) -> StageContext:
+    """A tiny BERT teacher with the task's head, and the shipped sample's sentences as NER sentences (a person
+    first, a place last) or as questions answered by their first word."""
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
+
+    spec, tok = get_task(task), tiny_family_tokenizer("bert")
+    sentences = [s for s in sample_sentences("train") if len(s.split()) >= 3][:120]
+    if spec.kind == TOKEN:
+        words = [tuple(s.split()) for s in sentences]
+        split = TaggedSplit(words, [(1, 2, *[0] * (len(w) - 3), 5) for w in words], spec.labels)
+    else:
+        split = QASplit(
+            [Question(str(i), "what is said first?", s, ((s.split()[0], 0),)) for i, s in enumerate(sentences)]
+        )
+    config = tiny_model("bert", layers=2).config
+    config.num_labels = spec.num_labels
+    auto = AutoModelForTokenClassification if spec.kind == TOKEN else AutoModelForQuestionAnswering
+    torch.manual_seed(0)
+    teacher = auto.from_config(config).eval().requires_grad_(False)
+    train, validation = encode(tok, split.head(96), 32), encode(tok, split.subset(range(96, 120)), 32)
+    return StageContext(teacher=teacher, train=train, validation=validation, task=spec)
+
+
+@pytest.mark.parametrize("name", sorted(set(MATRIX) - {"none"}))
+@pytest.mark.parametrize("task", ["conll2003", "squad"])
+def test_method_on_token_classification_and_question_answering(name, task, tmp_path):
+    _check_method(name, "cpu", "bert", tmp_path, _span_context(task))
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(set(MATRIX) - {"none"}))
 @pytest.mark.parametrize("kind", [k for k in FAMILY_KINDS if k != "bert"])
@@ -64,12 +103,12 @@ def test_method_on_every_family(name, kind, tmp_path):
     _check_method(name, "cpu", kind, tmp_path)
 
 
-def _check_method(name: str, device: str, kind: str, tmp_path) -> None:
+def _check_method(name: str, device: str, kind: str, tmp_path, ctx: StageContext | None = None) -> None:
     method = next(m for m in methods() if m.name == name)
     settings = copy.deepcopy(MATRIX[name])
     settings["train"] = {**TINY_TRAIN, **settings.get("train", {}), "device": device}
     cfg = method.config_cls.model_validate(settings)
-    ctx = _context(kind)
+    ctx = ctx or _context(kind)
     model = copy.deepcopy(ctx.teacher).requires_grad_(True)  # a trainable copy, as the compress stage loads it
     model = method.apply(model, cfg, ctx)
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())

@@ -3,7 +3,7 @@
 Sequence classification: one feature per example, its class id. Token classification: the words, joined by spaces,
 are tokenised as text, and a word's tag labels its first sub-token; the other sub-tokens and the special tokens
 are IGNORED in the loss, as the field trains NER. Question answering: the question and the context are
-encoded as a pair and the context is cut into windows of `max_length` tokens overlapping by the task's stride
+encoded as a pair and the context is cut into windows of `max_length` tokens overlapping by `window_stride`
 (the tokenizer's own overflow, as serving.spans cuts them); a window is labelled with the token positions of the
 question's first answer, or with position 0 (the first token) when the answer is not inside it.
 """
@@ -46,12 +46,17 @@ class Encoded:
         return len(self.labels)
 
 
-def encode(tokenizer, split: AnySplit, max_length: int, stride: int = 128) -> Encoded:
-    """The features of `split` (`stride`: the overlap of question-answering windows)."""
+def window_stride(max_length: int) -> int:
+    """The overlap of question-answering windows: 128 tokens, at most half a window (transformers' pipeline)."""
+    return min(128, max_length // 2)
+
+
+def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = None) -> Encoded:
+    """The features of `split` (`stride`: the overlap of question-answering windows, `window_stride` if None)."""
     if isinstance(split, TaggedSplit):
         return _encode_tagged(tokenizer, split, max_length)
     if isinstance(split, QASplit):
-        return _encode_questions(tokenizer, split, max_length, stride)
+        return _encode_questions(tokenizer, split, max_length, window_stride(max_length) if stride is None else stride)
     columns = list(zip(*split.texts, strict=True))
     enc = tokenizer(*columns, truncation=True, max_length=max_length)
     keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
