@@ -1,4 +1,5 @@
-"""Every registered method, in-process on a tiny model (BERT; every other family under `e2e`, for time): it
+"""Every registered method, in-process on a tiny model (BERT, with a sequence, token-classification and
+question-answering head; every other family under `e2e`, for time): it
 applies, leaves no training wrapper behind, returns the model on the CPU, compacts exactly and reloads exactly at
 its per-layer shapes. The same matrix runs on CUDA where
 there is a GPU (`gpu` marker): a method whose loss closes over the teacher must still see it on the training
