@@ -211,7 +211,7 @@ def test_a_bad_jsonl_question_names_its_line(tmp_path):
         read_qa(path)
 
 
-# --- the built-in tasks: loaded like any other, refused by deploy until their stages exist ----------------------
+# --- the built-in tasks: loaded like any other -------------------------------------------------------------------
 
 
 @needs_shared
@@ -228,13 +228,6 @@ def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_fro
         assert not {q.context for q in data.train.questions} & {q.context for q in data.validation.questions}
     capped = load_task_data(task, folder, max_train=100, max_dev=50)
     assert (len(capped.train), len(capped.dev)) == (100, 50) and capped.validation == data.validation
-
-
-def test_deploy_refuses_a_task_kind_it_cannot_train_yet_in_one_line():
-    from tests.helpers import assert_one_line_error, cli_deploy
-
-    result = cli_deploy("--method", "mlp_fusion", "--task", "squad", "--data-dir", str(SHARED / "squad"))
-    assert_one_line_error(result, "task squad is question-answering: deploys train sequence-classification tasks")
 
 
 # --- a user's token-classification and question-answering tasks (--task-file) ---------------------------------
@@ -293,16 +286,6 @@ def test_a_bad_ner_or_qa_task_file_is_one_line(tmp_path, body, needle):
     with pytest.raises(PipelineError) as e:
         load_task_file(_task_file(tmp_path, "name: mine\n" + body))
     assert needle in str(e.value) and "\n" not in str(e.value)
-
-
-def test_deploy_refuses_a_users_ner_task_in_one_line(tmp_path):
-    from tests.helpers import assert_one_line_error, cli_deploy
-
-    (tmp_path / "a.conll").write_text("Bonn NNP B-LOC\n\n" * 8)
-    task = _task_file(tmp_path, "name: places\nkind: token-classification\ntrain: a.conll\ndev: a.conll\n"
-                                "labels: [O, B-LOC, I-LOC]\n")  # fmt: skip
-    result = cli_deploy("--method", "mlp_fusion", "--task-file", str(task))
-    assert_one_line_error(result, "task places is token-classification: deploys train sequence-classification")
 
 
 # --- encoding and the loss rows of every kind ------------------------------------------------------------------

@@ -1,0 +1,84 @@
+"""Token classification and question answering through the real command: `pipeline deploy` with a user's NER task
+(JSONL) and QA task (SQuAD JSON) on a tiny BERT publishes an artifact whose compaction is exact, whose ONNX graph
+matches torch on every output, that names its kind, that Optimum and transformers' pipelines answer as the
+compacted torch model does, and that the server refuses in one line (it answers sequence classification)."""
+
+import json
+
+import pytest
+from transformers import AutoTokenizer, pipeline
+
+from tests.helpers import ServerProcess, quick_deploy, sample_sentences
+
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def _ner_task(folder):
+    rows = [{"tokens": s.split(), "tags": ["B-PER", "I-PER", *["O"] * (len(s.split()) - 3), "B-LOC"]}
+            for s in sample_sentences("train") if len(s.split()) >= 3]  # fmt: skip
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:200]))
+    (folder / "dev.jsonl").write_text("\n".join(json.dumps(r) for r in rows[200:240]))
+    path = folder / "people.yaml"
+    path.write_text(f"name: people\nkind: token-classification\ntrain: train.jsonl\ndev: dev.jsonl\nlabels: {TAGS}\n")
+    return path
+
+
+def _qa_task(folder):
+    def squad(sentences):  # each paragraph of three sentences asks for its first word
+        def qa(i):
+            return {"id": f"q{i}", "question": "what comes first?",
+                    "answers": [{"text": sentences[i].split()[0], "answer_start": 0}]}  # fmt: skip
+
+        paragraphs = [
+            {"context": " ".join(sentences[i : i + 3]), "qas": [qa(i)]} for i in range(0, len(sentences) - 3, 3)
+        ]
+        return {"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}
+
+    texts = sample_sentences("train")
+    (folder / "train.json").write_text(json.dumps(squad(texts[:600])))
+    (folder / "dev.json").write_text(json.dumps(squad(texts[600:720])))
+    path = folder / "first.yaml"
+    path.write_text("name: first\nkind: question-answering\ntrain: train.json\ndev: dev.json\n")
+    return path
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("kind", "method"), [("token-classification", "gmp"), ("question-answering", "distill")])
+def test_a_span_task_deploys_and_its_artifact_answers_alike_everywhere(kind, method, base_dirs, tmp_path):
+    from optimum.onnxruntime import ORTModelForQuestionAnswering, ORTModelForTokenClassification
+
+    from pipeline.models.io import load_model
+
+    task = _ner_task(tmp_path) if kind == "token-classification" else _qa_task(tmp_path)
+    extra = {
+        "distill": ("--set", "config.student.layers=1", "--set", "config.transfer_steps=2", "--set",
+                    "config.relation_heads=4"),
+        "gmp": ("--set", "config.prune_every=1", "--set", "config.train.cycles=3", "--steps", "6"),
+    }[method]  # fmt: skip
+    _, artifact = quick_deploy(method, base_dirs["bert"], tmp_path, "--steps", "4", *extra,
+                               task=("--task-file", str(task)))  # fmt: skip
+    report = json.loads((artifact / "report.json").read_text())
+    assert report["compaction"]["max_abs_diff"] <= 1e-5 and report["validation"]["onnx_parity"]["passed"]
+    dev = report["validation"]["metrics"]["dev"]["onnx_int8"]
+    assert set(dev) == ({"precision", "recall", "f1"} if kind == "token-classification" else {"exact_match", "f1"})
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["encoder_deploy_task"]["kind"] == kind and config["encoder_deploy_task"]["metric"] == "f1"
+
+    tok = AutoTokenizer.from_pretrained(artifact)
+    ort_class = ORTModelForTokenClassification if kind == "token-classification" else ORTModelForQuestionAnswering
+    served = pipeline(kind, model=ort_class.from_pretrained(artifact), tokenizer=tok)
+    reference = pipeline(kind, model=load_model(artifact / "pytorch"), tokenizer=tok)
+    texts = sample_sentences("dev")[:8]
+    for i, text in enumerate(texts):
+        if kind == "token-classification":
+            a, b = served(text), reference(text)
+            assert [(e["entity"], e["start"], e["end"]) for e in a] == [(e["entity"], e["start"], e["end"]) for e in b]
+        else:
+            context = " ".join(texts[i : i + 3])
+            a, b = served(question="what comes first?", context=context), reference(question="what comes first?",
+                                                                                    context=context)  # fmt: skip
+            assert (a["answer"], a["start"], a["end"]) == (b["answer"], b["start"], b["end"])
+
+    server = ServerProcess(artifact, log=tmp_path / "server.log")
+    assert server.wait_exit(timeout=120) == 2
+    assert f"is a {kind} artifact: this server answers sequence-classification" in server.log.read_text()
