@@ -488,7 +488,7 @@ def list_tasks() -> None:
         )
         sample = ", embedded sample" if spec.has_sample else ""
         labels = f"{len(spec.labels)} labels ({', '.join(spec.labels)})" if spec.labels else "answer spans"
-        kind = "" if spec.kind == SEQUENCE else f" [{spec.kind}: read and scored, not yet deployable]"
+        kind = "" if spec.kind == SEQUENCE else f" [{spec.kind}]"
         typer.echo(f"{spec.name:<9} {labels}, {inputs}, {spec.metric}{sample}{kind}")
     typer.echo(
         "\nyour own task: --task-file FILE (train/dev files in TSV, CSV or JSONL, text column(s), labels, metric)"
