@@ -53,5 +53,5 @@ def evaluate_artifact(
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
     metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc) for p, f in GRAPHS.items()}
-    return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(enc),
+    return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(data),
             "metric": task.metric, "metrics": metrics}  # fmt: skip

@@ -20,7 +20,7 @@ def _ner_task(folder):
     (folder / "dev.jsonl").write_text("\n".join(json.dumps(r) for r in rows[200:240]))
     path = folder / "people.yaml"
     path.write_text(f"name: people\nkind: token-classification\ntrain: train.jsonl\ndev: dev.jsonl\nlabels: {TAGS}\n")
-    return path
+    return path, len(rows[200:240])
 
 
 def _qa_task(folder):
@@ -35,11 +35,12 @@ def _qa_task(folder):
         return {"version": "1.1", "data": [{"title": "sample", "paragraphs": paragraphs}]}
 
     texts = sample_sentences("train")
+    dev = squad(texts[600:720])
     (folder / "train.json").write_text(json.dumps(squad(texts[:600])))
-    (folder / "dev.json").write_text(json.dumps(squad(texts[600:720])))
+    (folder / "dev.json").write_text(json.dumps(dev))
     path = folder / "first.yaml"
     path.write_text("name: first\nkind: question-answering\ntrain: train.json\ndev: dev.json\n")
-    return path
+    return path, len(dev["data"][0]["paragraphs"])
 
 
 @pytest.mark.e2e
@@ -49,7 +50,7 @@ def test_a_span_task_deploys_and_its_artifact_answers_alike_everywhere(kind, met
 
     from pipeline.models.io import load_model
 
-    task = _ner_task(tmp_path) if kind == "token-classification" else _qa_task(tmp_path)
+    task, dev_count = _ner_task(tmp_path) if kind == "token-classification" else _qa_task(tmp_path)
     extra = {
         "distill": ("--set", "config.student.layers=1", "--set", "config.transfer_steps=2", "--set",
                     "config.relation_heads=4"),
@@ -59,6 +60,7 @@ def test_a_span_task_deploys_and_its_artifact_answers_alike_everywhere(kind, met
                                task=("--task-file", str(task)))  # fmt: skip
     report = json.loads((artifact / "report.json").read_text())
     assert report["compaction"]["max_abs_diff"] <= 1e-5 and report["validation"]["onnx_parity"]["passed"]
+    assert report["validation"]["examples"]["dev"] == min(dev_count, 32)  # sentences or questions (--max-dev 32)
     dev = report["validation"]["metrics"]["dev"]["onnx_int8"]
     assert set(dev) == ({"precision", "recall", "f1"} if kind == "token-classification" else {"exact_match", "f1"})
     config = json.loads((artifact / "config.json").read_text())

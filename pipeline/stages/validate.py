@@ -74,7 +74,7 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
         }
         metrics[name] = {model: scores(v, teacher_enc if model.startswith("teacher") else enc)
                          for model, v in logits[name].items()}  # fmt: skip
-        splits[name] = len(enc)
+        splits[name] = len(split)  # examples (QA: questions, not their windows)
     val = logits["validation"]
     parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol)
     teacher_parity = compare_logits(val["teacher"], val["teacher_onnx_fp32"], gates.onnx_atol)
