@@ -299,7 +299,11 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
 @pytest.mark.parametrize(
     ("method", "kind", "extra"),
     [
-        ("smp", "roberta", ["--set", "config.prune_steps=4", "--set", "config.sparsity=0.5"]),
+        (
+            "smp",
+            "roberta",
+            ["--set", "config.prune_steps=4", "--set", "config.sparsity=0.5", "--set", "config.recover_steps=2"],
+        ),
         ("gmp", "bert", ["--set", "config.prune_every=1", "--set", "config.train.cycles=3"]),
     ],
 )

@@ -163,7 +163,7 @@ def test_every_family_reports_its_shape(kind):
 # method on every family.
 TINY_METHOD = {
     "mlp_fusion": ("--steps", "3", "--set", "config.tune_steps=2"),
-    "smp": ("--set", "config.prune_steps=4", "--set", "config.recover_steps=2"),
+    "smp": ("--steps", "6", "--set", "config.prune_steps=4", "--set", "config.recover_steps=2"),
     "gmp": ("--steps", "6", "--set", "config.prune_every=1"),
     "distill": (
         "--set", "config.student.layers=2", "--set", "config.transfer_steps=2", "--steps", "3",

@@ -80,7 +80,9 @@ def test_every_published_artifact_has_a_card_listed_in_its_manifest(tmp_path_fac
 
 @pytest.mark.e2e
 def test_a_deployed_artifacts_card_carries_its_reports_dev_figures(classifier_dirs, tmp_path):
-    _, artifact = quick_deploy("mlp_fusion", classifier_dirs["bert"], tmp_path)
+    _, artifact = quick_deploy(
+        "mlp_fusion", classifier_dirs["bert"], tmp_path, "--steps", "2", "--set", "config.tune_steps=1"
+    )
     report = json.loads((artifact / "report.json").read_text())
     card = ModelCard.load(artifact / MODEL_CARD)
     int8 = next(r for r in card.data.eval_results if r.metric_name.endswith("(int8 graph)"))

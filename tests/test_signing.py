@@ -100,7 +100,10 @@ def test_a_signing_key_that_cannot_sign_is_refused_before_any_work(which, keys):
 
 @pytest.mark.e2e
 def test_a_signed_deploy_evaluates_with_the_trusted_key(classifier_dirs, keys, tmp_path):
-    _, artifact = quick_deploy("mlp_fusion", classifier_dirs["bert"], tmp_path, "--sign-key", str(keys["mine"][0]))
+    budget = ("--steps", "2", "--set", "config.tune_steps=1")  # the signature is the point, not the fusion
+    _, artifact = quick_deploy(
+        "mlp_fusion", classifier_dirs["bert"], tmp_path, *budget, "--sign-key", str(keys["mine"][0])
+    )
     assert (artifact / SIGNATURE).is_file()
     trusted = ["--trust-key", str(keys["mine"][1]), "--max-examples", "8"]
     ok = subprocess.run([sys.executable, "-m", "pipeline.cli", "evaluate", str(artifact), *trusted],
