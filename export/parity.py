@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -23,7 +24,8 @@ def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndar
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
         values = session.run(outputs, {n: batch[n].numpy() for n in names})
-        out.append(output_rows({k: torch.from_numpy(v) for k, v in zip(outputs, values, strict=True)}, batch, width))
+        named = SimpleNamespace(**{k: torch.from_numpy(v) for k, v in zip(outputs, values, strict=True)})
+        out.append(output_rows(named, batch, width))
     return join_rows(out, enc)
 
 

@@ -156,7 +156,7 @@ def _group(tokenizer: Tokenizer, tokens: list[dict]) -> dict:
     decoder = tokenizer.decoder
     return {
         "entity_group": tokens[0]["entity"].split("-", 1)[-1],
-        "score": float(np.mean(np.nanmean([t["score"] for t in tokens]))),
+        "score": float(np.nanmean([t["score"] for t in tokens])),
         "word": decoder.decode(words) if decoder is not None else " ".join(words),
         "start": tokens[0]["start"],
         "end": tokens[-1]["end"],

@@ -59,7 +59,7 @@ def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = Non
         return _encode_questions(tokenizer, split, max_length, window_stride(max_length) if stride is None else stride)
     columns = list(zip(*split.texts, strict=True))
     enc = tokenizer(*columns, truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+    keys = _keys(enc)
     features = [{k: enc[k][i] for k in keys} for i in range(len(split))]
     return Encoded(features, list(split.labels), tokenizer.pad_token_id or 0)
 
@@ -95,8 +95,9 @@ def _encode_tagged(tokenizer, split: TaggedSplit, max_length: int) -> Encoded:
 
 def _encode_questions(tokenizer, split: QASplit, max_length: int, stride: int) -> Encoded:
     questions = split.questions
-    for q in questions:  # the tokenizer panics when a question leaves the context no room beyond the stride
-        room = max_length - len(tokenizer(q.question)["input_ids"]) - 2
+    alone = tokenizer([q.question for q in questions])["input_ids"]  # one batched call, not one per question
+    for q, ids in zip(questions, alone, strict=True):  # the tokenizer panics when a question leaves no room
+        room = max_length - len(ids) - 2
         if room <= stride:
             raise PipelineError(f"question {q.id} leaves {room} tokens of {max_length} for its context, not more than "
                                 f"the stride {stride}: shorten it, or raise max_length")  # fmt: skip

@@ -62,11 +62,11 @@ def read_qa(path: Path) -> QASplit:
     questions = _from_squad_json(path, text) if suffix == ".json" else _from_jsonl(path, text)
     if not questions:
         raise PipelineError(f"{path}: no questions")
-    seen: dict[str, str] = {}
+    seen: set[str] = set()
     for q in questions:
         if q.id in seen:
             raise PipelineError(f"{path}: question id {q.id!r} appears twice")
-        seen[q.id] = q.id
+        seen.add(q.id)
     return QASplit(questions)
 
 

@@ -11,7 +11,6 @@ from the answers `serving.spans` decodes, exactly as the server (and transformer
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -27,12 +26,12 @@ from serving.spans import best_answers
 MAX_ANSWER_TOKENS = 30  # the longest answer span decoded, in tokens (transformers' run_qa default for SQuAD)
 
 
-def output_rows(outputs: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor], width: int) -> np.ndarray:
-    """One batch's named outputs (logits; or start_logits and end_logits) as prediction rows; question-answering
-    rows are padded to `width` tokens so batches concatenate."""
-    rows, _ = prediction_rows(SimpleNamespace(**outputs), batch)
+def output_rows(outputs, batch: Mapping[str, torch.Tensor], width: int) -> np.ndarray:
+    """One batch's outputs (a model's output, or any object with its `logits`, or `start_logits` and `end_logits`)
+    as prediction rows; question-answering rows are padded to `width` tokens so batches concatenate."""
+    rows, _ = prediction_rows(outputs, batch)
     rows = rows.float().cpu().numpy()
-    if "start_logits" in outputs and rows.shape[1] < width:
+    if hasattr(outputs, "start_logits") and rows.shape[1] < width:
         rows = np.pad(rows, ((0, 0), (0, width - rows.shape[1])), constant_values=-1e4)
     return rows
 
@@ -57,9 +56,7 @@ def predict_logits(model: torch.nn.Module, enc: Encoded, batch_size: int = 64) -
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
         batch.pop("labels")
-        result = model(**{k: v.to(device) for k, v in batch.items()})
-        named = {k: getattr(result, k) for k in ("logits", "start_logits", "end_logits") if hasattr(result, k)}
-        out.append(output_rows({k: v for k, v in named.items() if v is not None}, batch, width))
+        out.append(output_rows(model(**{k: v.to(device) for k, v in batch.items()}), batch, width))
     return join_rows(out, enc)
 
 
