@@ -32,15 +32,20 @@ class Window:
     allowed: np.ndarray  # bool per token: the context's tokens and the first token (the pipeline's p_mask, inverted)
 
 
-def question_windows(
-    tokenizer: Tokenizer, question: str, context: str, max_length: int, stride: int, cls_id: int | None
-) -> list[Window]:
-    """The windows of `context` after `question`, each at most `max_length` tokens, overlapping by `stride`
-    (`cls_id`: the tokenizer's classification token, which stays a candidate as in the pipeline)."""
-    tok = Tokenizer.from_str(tokenizer.to_str())  # a private copy: truncation is per-call state in the Rust object
+def windowing(tokenizer: Tokenizer, max_length: int, stride: int) -> Tokenizer:
+    """A copy of `tokenizer` that cuts a (question, context) pair's context into windows of at most `max_length`
+    tokens overlapping by `stride`, as the pipeline asks for them. Made once: truncation is state of the Rust
+    object, and copying it (through its JSON) costs more than encoding a question."""
+    tok = Tokenizer.from_str(tokenizer.to_str())
     tok.no_padding()
     tok.enable_truncation(max_length, stride=stride, strategy="only_second", direction="right")
-    first = tok.encode(question, context)
+    return tok
+
+
+def question_windows(windowing_tokenizer: Tokenizer, question: str, context: str, cls_id: int | None) -> list[Window]:
+    """The windows of `context` after `question`, cut by a `windowing` tokenizer (`cls_id`: the tokenizer's
+    classification token, which stays a candidate as in the pipeline)."""
+    first = windowing_tokenizer.encode(question, context)
     return [window_of(enc, cls_id) for enc in [first, *first.overflowing]]
 
 

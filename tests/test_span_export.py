@@ -65,7 +65,7 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
     from pipeline.data.tagged import TaggedSplit
     from pipeline.train.metrics import MAX_ANSWER_TOKENS, predict_logits, scores
     from pipeline.train.squad_metric import squad_scores
-    from serving.spans import best_answers, question_windows
+    from serving.spans import best_answers, question_windows, windowing
 
     tok, model = tiny_tokenizer("bert"), _model("bert", kind)
     export_optimized(model, tok, tmp_path)
@@ -94,8 +94,9 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
         assert scores(perfect, full) == {"precision": 100.0, "recall": 100.0, "f1": 100.0}
         return
     served = []  # what the server does: its own windows, the model per window, the same decoder
+    cutter = windowing(tok.backend_tokenizer, 48, 16)
     for q in split.questions:
-        windows = question_windows(tok.backend_tokenizer, q.question, q.context, 48, 16, tok.cls_token_id)
+        windows = question_windows(cutter, q.question, q.context, tok.cls_token_id)
         outs = []
         for w in windows:
             with torch.no_grad():

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification, pipeline
 
-from serving.spans import best_answers, entity_groups, question_windows
+from serving.spans import best_answers, entity_groups, question_windows, windowing
 from tests.helpers import sample_sentences, tiny_model, tiny_tokenizer
 
 TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -37,11 +37,13 @@ def test_answers_equal_the_question_answering_pipelines(kind):
     sentences = sample_sentences("dev")
     qa = pipeline("question-answering", model=_heads(kind, AutoModelForQuestionAnswering, 0), tokenizer=tok)
     multi = 0
+    settings = ((64, 16, 15), (128, 32, 30))  # max_seq_len, doc_stride, max_answer_len
+    cutters = [windowing(tok.backend_tokenizer, max_len, stride) for max_len, stride, _ in settings]
     for n in range(12):
         question = " ".join(sentences[n].split()[:6]) + "?"
         context = " ".join(sentences[20 + 3 * n : 23 + 3 * n + n % 4])
-        for max_len, stride, answer_len in ((64, 16, 15), (128, 32, 30)):
-            windows = question_windows(tok.backend_tokenizer, question, context, max_len, stride, tok.cls_token_id)
+        for (max_len, stride, answer_len), cutter in zip(settings, cutters, strict=True):
+            windows = question_windows(cutter, question, context, tok.cls_token_id)
             multi += len(windows) > 1
             logits = [_torch_logits(qa.model, w.encoding) for w in windows]
             ours = best_answers(windows, [s for s, _ in logits], [e for _, e in logits], context, answer_len, top_k=3)
