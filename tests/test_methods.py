@@ -20,7 +20,7 @@ from pipeline.data.loaders import load_task_data
 from pipeline.data.squad import QASplit, Question
 from pipeline.data.tagged import TaggedSplit
 from pipeline.data.tasks import TOKEN, get_task
-from pipeline.models.io import load_model, save_model
+from pipeline.models.io import auto_class, load_model, save_model
 from tests.helpers import (
     FAMILY_KINDS,
     sample_logits,
@@ -68,11 +68,9 @@ def test_method_applies_compacts_and_reloads_exactly(name, device, tmp_path):
 
 
 @functools.cache
-def _span_context(task: str) -> StageContext:
-    """A tiny BERT teacher with the task's head, and the shipped sample's sentences as NER sentences (a person
-    first, a place last) or as questions answered by their first word."""
-    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
-
+def _span_encoded(task: str):
+    """The shipped sample's sentences as NER sentences (a person first, a place last) or as questions answered by
+    their first word, tokenised once per task: (train, validation)."""
     spec, tok = get_task(task), tiny_family_tokenizer("bert")
     sentences = [s for s in sample_sentences("train") if len(s.split()) >= 3][:120]
     if spec.kind == TOKEN:
@@ -82,12 +80,17 @@ def _span_context(task: str) -> StageContext:
         split = QASplit(
             [Question(str(i), "what is said first?", s, ((s.split()[0], 0),)) for i, s in enumerate(sentences)]
         )
+    return encode(tok, split.head(96), 32), encode(tok, split.subset(range(96, 120)), 32)
+
+
+def _span_context(task: str) -> StageContext:
+    """A fresh tiny BERT teacher with the task's head, over the task's encoded sample."""
+    spec = get_task(task)
     config = tiny_model("bert", layers=2).config
     config.num_labels = spec.num_labels
-    auto = AutoModelForTokenClassification if spec.kind == TOKEN else AutoModelForQuestionAnswering
     torch.manual_seed(0)
-    teacher = auto.from_config(config).eval().requires_grad_(False)
-    train, validation = encode(tok, split.head(96), 32), encode(tok, split.subset(range(96, 120)), 32)
+    teacher = auto_class(spec.kind).from_config(config).eval().requires_grad_(False)
+    train, validation = _span_encoded(task)
     return StageContext(teacher=teacher, train=train, validation=validation, task=spec)
 
 
