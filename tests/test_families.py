@@ -170,7 +170,10 @@ TINY_METHOD = {
         "--set", "config.relation_heads=4",  # the default 48 divides no Q/K/V width of 36
     ),
     "distill+smp": (
-        "--target-speedup", "2", "--set", "target.accept_busy=true", "--set", "target.busy_attempts=1",
+        # a low target with no headroom: how far this tiny model's fixed costs let a plan go depends on the machine
+        # (a shared CI runner measured 2.08x at most), and the test checks the planner's plumbing, not the machine
+        "--target-speedup", "1.5", "--set", "target.headroom=0",
+        "--set", "target.accept_busy=true", "--set", "target.busy_attempts=1",
         "--set", "config.distill.transfer_steps=2", "--set", "config.distill.train.max_steps=3",
         "--set", "config.distill.relation_heads=4",
         "--set", "config.smp.prune_steps=4", "--set", "config.smp.recover_steps=2",
