@@ -1,12 +1,17 @@
 """Load test of the serving HTTP server on loopback, against the bare ArtifactSession at the same batch size.
 
-Sends `--requests` one-item POST /predict requests (SST-2 dev sentences, cycled; for an artifact of a
-sentence-pair task, `{"text", "text_pair"}` objects from the `--texts` TSV's two text columns, which the artifact's
-task block names, e.g. `--texts ../shared/data/mrpc/dev.tsv`) over `--concurrency` keep-alive connections,
-bounded by `--duration` seconds; prints throughput, p50/p99 latency and errors, the mean batch the server formed
-(from /metrics), then runs the same texts through a bare `ArtifactSession` (same precision, threads and session
-settings as the server) in chunks of the server's max batch, and prints the
-throughput ratio and whether every served label equals the bare session's.
+Sends `--requests` one-item POST /predict requests over `--concurrency` keep-alive connections, bounded by
+`--duration` seconds; the items, cycled, come from `--texts` in the form the artifact's task kind reads:
+- sequence classification: SST-2 dev sentences by default; for a sentence-pair task, `{"text", "text_pair"}`
+  objects from the TSV's two text columns, which the artifact's task block names (`../shared/data/mrpc/dev.tsv`);
+- token classification: the sentences of a CoNLL-format file (words joined by spaces, as the pipeline trains on
+  them), e.g. `--texts ../shared/data/conll2003/dev.txt`;
+- question answering: the questions of a SQuAD-format file with their contexts (`../shared/data/squad/dev.json`).
+It prints throughput, p50/p99 latency and errors, the mean batch the server formed (from /metrics), then runs the
+same items through a bare `ArtifactSession` (same precision, threads and session settings as the server) in
+chunks of the server's max batch, and prints the throughput ratio and whether every served answer (top label,
+entities, best answer) equals the bare session's. `--pipeline N` also checks the first N distinct served answers
+against transformers' pipeline over the artifact (Optimum's ORTModel; needs the pipeline's packages).
 
     # start a server on a free loopback port, measure, stop it
     python benchmarks/load_test.py ARTIFACT --requests 5000 --concurrency 32
@@ -36,7 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from serving.artifact import CONFIG, TASK_KEY  # noqa: E402  (ROOT is on the path first)
+from serving.artifact import CONFIG, QA, TASK_KEY, TOKEN, task_kind  # noqa: E402  (ROOT is on the path first)
 
 DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -63,9 +68,45 @@ def artifact_columns(artifact: Path) -> list[str]:
     return columns if task.get("pair") else columns[:1]
 
 
-def body_of(item: str | tuple[str, str]) -> bytes:
-    inputs = {"text": item[0], "text_pair": item[1]} if isinstance(item, tuple) else item
+def load_items(path: Path, artifact: Path) -> list:
+    """The items of `path` in the form the artifact's kind reads (see the module's docstring)."""
+    task = json.loads((artifact / CONFIG).read_text()).get(TASK_KEY) or {}
+    kind = task_kind(task)
+    if kind == TOKEN:
+        from pipeline.data.tagged import read_conll
+
+        return [" ".join(words) for words in read_conll(path, task["labels"]).words]
+    if kind == QA:
+        from pipeline.data.squad import read_qa
+        from serving.validation import Question
+
+        return [Question(q.question, q.context) for q in read_qa(path).questions]
+    return load_texts(path, artifact_columns(artifact))
+
+
+def body_of(item) -> bytes:
+    if isinstance(item, tuple):
+        inputs = {"text": item[0], "text_pair": item[1]}
+    elif isinstance(item, str):
+        inputs = item
+    else:  # a Question
+        inputs = {"question": item.question, "context": item.context}
     return json.dumps({"inputs": inputs}).encode()
+
+
+def best(answer) -> dict | list:
+    """What is compared of an item's answer: the top label, the entities, or the best answer."""
+    ranked = isinstance(answer, list) and answer and ("label" in answer[0] or "answer" in answer[0])
+    return answer[0] if ranked else answer
+
+
+def same_answer(a, b) -> tuple[bool, float]:
+    """(equal apart from scores, largest score difference) of two answers as `best` gives them."""
+    a, b = ([a], [b]) if isinstance(a, dict) else (a, b)
+    keys = lambda x: {k: v for k, v in x.items() if k != "score"}  # noqa: E731
+    if len(a) != len(b) or any(keys(x) != keys(y) for x, y in zip(a, b, strict=True)):
+        return False, float("inf")
+    return True, max((abs(x["score"] - y["score"]) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
 class Connection:
@@ -127,7 +168,7 @@ async def run_load(
                 latencies.append(time.perf_counter() - start)
                 statuses[status] = statuses.get(status, 0) + 1
                 if status == 200:
-                    labels[i] = json.loads(data)[0]
+                    labels[i] = best(json.loads(data))
         finally:
             await conn.close()
 
@@ -184,7 +225,7 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
     from serving.session import ArtifactSession
 
     session = ArtifactSession(artifact, precision, threads=threads or available_cores(), spinning=False)
-    session.logits(texts[:batch])  # warm-up
+    session.predict(texts[:batch])  # warm-up
     start = time.perf_counter()
     scores = [session.predict(texts[i : i + batch]) for i in range(0, len(texts), batch)]
     elapsed = time.perf_counter() - start
@@ -193,8 +234,31 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
         "batch": batch,
         "seconds": elapsed,
         "throughput": len(texts) / elapsed,
-        "labels": [row[0] for chunk in scores for row in chunk],
+        "labels": [best(answer) for chunk in scores for answer in chunk],
     }
+
+
+def pipeline_answers(artifact: Path, items: list, max_length: int) -> list:
+    """transformers' pipeline over the artifact's fp32 graph (Optimum's ORTModel), answering as the server does:
+    text classification's top label; entities grouped "simple"; the best answer of spans of at most 30 tokens
+    over windows of `max_length` tokens overlapping as the server's."""
+    import optimum.onnxruntime as ort_models
+    from transformers import AutoTokenizer, pipeline
+
+    from serving.artifact import HEAD_SUFFIXES, pipeline_tag
+    from serving.spans import MAX_ANSWER_LEN, window_stride
+
+    kind = task_kind(json.loads((artifact / CONFIG).read_text()).get(TASK_KEY))
+    model = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}").from_pretrained(artifact, file_name="model.onnx")
+    tokenizer = AutoTokenizer.from_pretrained(artifact, model_max_length=max_length)
+    pipe = pipeline(pipeline_tag(kind), model=model, tokenizer=tokenizer)
+    if kind == QA:
+        return [pipe(question=q.question, context=q.context, max_answer_len=MAX_ANSWER_LEN, max_seq_len=max_length,
+                     doc_stride=window_stride(max_length)) for q in items]  # fmt: skip
+    if kind == TOKEN:
+        return [pipe(text, aggregation_strategy="simple") for text in items]
+    pairs = [{"text": t[0], "text_pair": t[1]} if isinstance(t, tuple) else t for t in items]
+    return [best(pipe(p, top_k=1)) for p in pairs]
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
@@ -243,13 +307,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: available cores)")
     p.add_argument("--no-baseline", action="store_true", help="skip the bare-session comparison")
+    p.add_argument("--pipeline", type=int, default=0, metavar="N",
+                   help="compare the first N distinct served answers with transformers' pipeline's")  # fmt: skip
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args(argv)
     if not (1 <= args.requests <= 100_000 and 1 <= args.concurrency <= 512 and 0 < args.duration <= 3600):
         p.error("--requests must be 1..100000, --concurrency 1..512, --duration 0..3600 s")
     if args.url and urlsplit(args.url).hostname not in LOOPBACK:
         p.error("--url must be a loopback address (127.0.0.1, localhost or ::1)")
-    texts = load_texts(args.texts, artifact_columns(args.artifact))
+    texts = load_items(args.texts, args.artifact)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
     proc, log = None, Path(tempfile.mkstemp(prefix="load-test-server-", suffix=".log")[1])
@@ -280,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         sent = [texts[i % len(texts)] for i in range(server["requests"])]
         bare = bare_session(args.artifact, args.precision, args.threads, sent, args.max_batch)
         bare_labels = bare.pop("labels")
-        same = [i for i, top in served_labels.items() if top["label"] == bare_labels[i]["label"]]
-        diff = max((abs(top["score"] - bare_labels[i]["score"]) for i, top in served_labels.items()), default=0.0)
+        compared = [same_answer(top, bare_labels[i]) for i, top in served_labels.items()]
+        same = [ok for ok, _ in compared if ok]
+        diff = max((d for ok, d in compared if ok), default=0.0)
         result.update(
             bare=bare,
             ratio=server["throughput"] / bare["throughput"],
@@ -294,9 +361,20 @@ def main(argv: list[str] | None = None) -> int:
             f"{bare['throughput']:.1f} texts/s"
         )
         print(
-            f"ratio server/bare: {result['ratio']:.2f}; labels equal for {len(same)}/{len(served_labels)} served "
-            f"texts, max |score difference| {diff:.1e}"
+            f"ratio server/bare: {result['ratio']:.2f}; answers equal for {len(same)}/{len(served_labels)} served "
+            f"items, max |score difference| {diff:.1e}"
         )
+    if args.pipeline:
+        served = {}  # the first N distinct items served, by their index in `texts`
+        for i, answer in sorted(served_labels.items()):
+            served.setdefault(i % len(texts), answer)
+        firsts = sorted(served)[: args.pipeline]
+        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], 128)
+        checks = [same_answer(served[i], r) for i, r in zip(firsts, reference, strict=True)]
+        result.update(pipeline_equal=sum(ok for ok, _ in checks), pipeline_compared=len(checks))
+        diff = max((d for ok, d in checks if ok), default=0.0)
+        print(f"transformers pipeline: answers equal for {result['pipeline_equal']}/{len(checks)} items, "
+              f"max |score difference| {diff:.1e}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 1 if server["errors"] else 0

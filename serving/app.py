@@ -1,4 +1,5 @@
-"""The HTTP layer (Starlette): Hugging Face style `/predict`, the Open Inference Protocol v2, health, metrics.
+"""The HTTP layer (Starlette): Hugging Face style `/predict`, the Open Inference Protocol v2 (with the binary
+tensor data extension), health, metrics, for every task kind the artifact may be of.
 
 Every handler runs through one wrapper that checks the API key, turns refusals into a JSON `{"error": ...}`
 with a 4xx/5xx status, and records the request in the metrics; nothing a client sends can stop the server.
@@ -27,17 +28,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from serving.artifact import QA, SEQUENCE
 from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
+from serving.binary import HEADER_LENGTH, BinaryError, response_body, split_body, tensor_bytes
 from serving.config import ServerConfig
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.session import softmax, top_labels
+from serving.spans import MAX_ANSWER_LEN
 from serving.validation import (
-    INPUT_NAME,
-    PAIR_INPUT_NAME,
     Limits,
     RequestError,
-    Text,
     decode_json,
+    input_names,
     parse_infer,
     parse_predict,
 )
@@ -51,21 +53,25 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 class Model(Protocol):
-    """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples).
+    """What the server needs from a model: `ArtifactSession` is one (`pair`: it reads (text, text_pair) tuples;
+    `kind`: the task kind, sequence classification when absent).
 
-    `encode` tokenises one request's texts (one item per text) on a tokeniser thread; `run` computes the logits
-    of the items of one or more requests (one row per item) on the model thread; `tokens` is an item's length,
-    which the batcher's token budget counts.
+    `encode` tokenises one request's items on a tokeniser thread (into what the model runs: one encoding per text,
+    or several windows per question); `run` computes the rows of the encodings of one or more requests (one per
+    encoding) on the model thread; `tokens` is an encoding's length, which the batcher's token budget counts.
+    Token classification and question answering turn their rows into entities and answers with `answer`.
     """
 
     labels: list[str]
     pair: bool
 
-    def encode(self, texts: list[Text]) -> list[Any]: ...
+    def encode(self, items: list) -> list[Any]: ...
 
     def tokens(self, item: Any) -> int: ...
 
     def run(self, encoded: list[Any]) -> np.ndarray: ...
+
+    def answer(self, items: list, encoded: list, rows: np.ndarray, top_k: int | None, max_answer_len: int) -> list: ...
 
 
 def json_response(content: Any, status: int = 200, headers: dict | None = None) -> Response:
@@ -108,6 +114,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+# The Open Inference Protocol outputs of the span kinds: an entity's or an answer's fields, with their datatypes.
+ENTITY_TYPES = {"entity_group": "BYTES", "score": "FP32", "word": "BYTES", "start": "INT64", "end": "INT64",
+                "text_index": "INT64"}  # fmt: skip
+ANSWER_TYPES = {"answer": "BYTES", "score": "FP32", "start": "INT64", "end": "INT64"}
+NO_ANSWER = {"score": 0.0, "start": 0, "end": 0, "answer": ""}  # no span fits (a context of special tokens only)
+
+
 def _scores(logits: np.ndarray, function: str) -> np.ndarray:
     if function == "softmax":
         return softmax(logits)
@@ -125,6 +138,7 @@ class Service:
         self.name = model_name
         self.labels = list(model.labels)
         self.pair = model.pair
+        self.kind = getattr(model, "kind", SEQUENCE)
         self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
         self.batcher = MicroBatcher(
@@ -153,8 +167,9 @@ class Service:
             await self.batcher.stop()
             self._tokenizers.shutdown(wait=True)
 
-    async def logits(self, texts: list[Text]) -> np.ndarray:
-        """Tokenise `texts` on a tokeniser thread, then queue them for the model; one row of logits per text.
+    async def rows(self, items: list) -> tuple[list, np.ndarray]:
+        """Tokenise `items` on a tokeniser thread, then queue them for the model: (the encodings, a row of outputs
+        per encoding).
 
         Raises:
             QueueFull: `max_queue` requests are already being tokenised or waiting for the model.
@@ -164,11 +179,11 @@ class Service:
         self._tokenizing += 1
         start = time.perf_counter()
         try:
-            encoded = await asyncio.get_running_loop().run_in_executor(self._tokenizers, self.model.encode, texts)
+            encoded = await asyncio.get_running_loop().run_in_executor(self._tokenizers, self.model.encode, items)
         finally:
             self._tokenizing -= 1
         self.metrics.observe_tokenization(time.perf_counter() - start)
-        return await self.batcher.submit(encoded)
+        return encoded, await self.batcher.submit(encoded)
 
     # -- the wrapper every route goes through -------------------------------------------------------------
     def endpoint(self, name: str, handler: Handler, auth: bool = True) -> Handler:
@@ -235,26 +250,26 @@ class Service:
             version = metadata.version("encoder-deploy")
         except metadata.PackageNotFoundError:
             version = "unknown"
-        return json_response({"name": "encoder-deploy-serving", "version": version, "extensions": []})
+        return json_response(
+            {"name": "encoder-deploy-serving", "version": version, "extensions": ["binary_tensor_data"]}
+        )
 
     async def model_metadata(self, request: Request) -> Response:
         self._check_model(request)
         n = len(self.labels)
+        if self.kind == SEQUENCE:
+            shapes = {"label": ("BYTES", [-1]), "probabilities": ("FP32", [-1, n]), "logits": ("FP32", [-1, n])}
+        else:
+            shapes = {name: (d, [-1]) for name, d in (ANSWER_TYPES if self.kind == QA else ENTITY_TYPES).items()}
         return json_response(
             {
                 "name": self.name,
                 "versions": [MODEL_VERSION],
                 "platform": "onnxruntime_onnx",
-                "inputs": [
-                    {"name": name, "datatype": "BYTES", "shape": [-1]}
-                    for name in ((INPUT_NAME, PAIR_INPUT_NAME) if self.pair else (INPUT_NAME,))
-                ],
-                "outputs": [
-                    {"name": "label", "datatype": "BYTES", "shape": [-1]},
-                    {"name": "probabilities", "datatype": "FP32", "shape": [-1, n]},
-                    {"name": "logits", "datatype": "FP32", "shape": [-1, n]},
-                ],
+                "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in input_names(self.kind, self.pair)],
+                "outputs": [{"name": name, "datatype": d, "shape": shape} for name, (d, shape) in shapes.items()],
                 "parameters": {
+                    "kind": self.kind,
                     "labels": self.labels,
                     "pair": self.pair,
                     "task": self.task.get("name"),
@@ -272,27 +287,59 @@ class Service:
 
     async def infer(self, request: Request) -> Response:
         self._check_model(request)
-        req = parse_infer(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
-        logits = await self.logits(req.texts)
-        n, k = logits.shape
-        tensors = {
-            "label": ("BYTES", [n], lambda: [self.labels[i] for i in logits.argmax(-1)]),
-            "probabilities": ("FP32", [n, k], lambda: softmax(logits).ravel().tolist()),
-            "logits": ("FP32", [n, k], lambda: logits.ravel().tolist()),
-        }
-        outputs = [
-            {"name": o, "datatype": tensors[o][0], "shape": tensors[o][1], "data": tensors[o][2]()}
-            for o in req.outputs
-        ]
+        body = await read_body(request, self.config.max_body_bytes)
+        try:
+            header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        except BinaryError as e:
+            raise RequestError(400, str(e), "bad_binary") from None
+        req = parse_infer(decode_json(header), self.limits, self.pair, self.kind, binary)
+        encoded, rows = await self.rows(req.texts)
+        tensors = self._tensors(req.texts, encoded, rows)
+        outputs, data = [], {}
+        for name in req.outputs:
+            datatype, shape, values = tensors[name]
+            out = {"name": name, "datatype": datatype, "shape": shape}
+            if name in req.binary:
+                data[name] = tensor_bytes(datatype, values)
+                out["parameters"] = {"binary_data_size": len(data[name])}
+            else:
+                out["data"] = values
+            outputs.append(out)
         out = {"model_name": self.name, "model_version": MODEL_VERSION, "outputs": outputs}
         if req.id is not None:
             out["id"] = req.id
-        return json_response(out)
+        content, headers = response_body(out, data)
+        media = "application/octet-stream" if data else "application/json"
+        return Response(content, headers=headers, media_type=media)
+
+    def _tensors(self, items: list, encoded: list, rows: np.ndarray) -> dict[str, tuple[str, list[int], list]]:
+        """Every output of the model's kind as (datatype, shape, flat values)."""
+        if self.kind == SEQUENCE:
+            n, k = rows.shape
+            return {
+                "label": ("BYTES", [n], [self.labels[i] for i in rows.argmax(-1)]),
+                "probabilities": ("FP32", [n, k], softmax(rows).ravel().tolist()),
+                "logits": ("FP32", [n, k], rows.ravel().tolist()),
+            }
+        answers = self.model.answer(items, encoded, rows, 1, MAX_ANSWER_LEN)
+        if self.kind == QA:
+            found, types = [a[0] if a else NO_ANSWER for a in answers], ANSWER_TYPES
+        else:
+            found = [{**e, "text_index": i} for i, entities in enumerate(answers) for e in entities]
+            types = ENTITY_TYPES
+        return {name: (datatype, [len(found)], [row[name] for row in found]) for name, datatype in types.items()}
 
     async def predict(self, request: Request) -> Response:
-        req = parse_predict(decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair)
-        logits = await self.logits(req.texts)
-        result = top_labels(_scores(logits, req.function), self.labels, req.top_k)
+        req = parse_predict(
+            decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair, self.kind
+        )
+        encoded, rows = await self.rows(req.texts)
+        if self.kind == SEQUENCE:
+            result = top_labels(_scores(rows, req.function), self.labels, req.top_k)
+        else:
+            result = self.model.answer(req.texts, encoded, rows, req.top_k, req.max_answer_len)
+        if self.kind == QA:  # the pipeline's shapes: one answer as an object, top_k > 1 as a list
+            result = [(a or [NO_ANSWER])[0] if req.top_k == 1 else a for a in result]
         return json_response(result[0] if req.single else result)
 
     async def metrics_page(self, request: Request) -> Response:

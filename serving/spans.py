@@ -23,6 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+# The longest answer decoded, in tokens: transformers' run_qa default for SQuAD (its pipeline's is 15). The project
+# evaluates with it, and the server answers with it unless a request asks for another.
+MAX_ANSWER_LEN = 30
+
+
+def window_stride(max_length: int) -> int:
+    """The overlap of question-answering windows: 128 tokens, at most half a window (transformers' pipeline)."""
+    return min(128, max_length // 2)
+
 
 @dataclass(frozen=True)
 class Window:

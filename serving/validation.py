@@ -2,20 +2,40 @@
 
 Pure functions over bytes and decoded JSON, so the HTTP layer stays thin and the fuzz tests can reach every
 branch. Status codes: 400 for a body that is not UTF-8 JSON, 413 for a body, item count or text over a limit,
-422 for JSON of the wrong shape or type.
+422 for JSON of the wrong shape or type, or of a shape meant for another kind of model.
+
+What a request carries depends on the artifact's task kind: texts (or text pairs) to label, texts to find the
+entities of, or questions with their contexts to answer (`Question`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from serving.artifact import QA, SEQUENCE, TOKEN
+from serving.binary import BinaryError, read_bytes_tensor
+from serving.spans import MAX_ANSWER_LEN
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 INPUT_NAME, PAIR_INPUT_NAME = "text", "text_pair"
+QUESTION_INPUTS = ("question", "context")
 OUTPUT_NAMES = ("label", "probabilities", "logits")
+# Token classification answers each text with a variable number of entities: its outputs list every entity of the
+# request, and `text_index` says which input text each came from. Question answering: one answer per question.
+ENTITY_OUTPUTS = ("entity_group", "score", "word", "start", "end", "text_index")
+ANSWER_OUTPUTS = ("answer", "score", "start", "end")
 Text = str | tuple[str, str]  # one text, or (text, text_pair) for a sentence-pair model
+
+
+@dataclass(frozen=True)
+class Question:
+    """One item of a question-answering request."""
+
+    question: str
+    context: str
 
 
 class RequestError(Exception):
@@ -36,17 +56,37 @@ class Limits:
 
 @dataclass(frozen=True)
 class PredictRequest:
-    texts: list[Text]
+    texts: list  # Text items, or Question items for a question-answering model
     single: bool
     top_k: int | None
     function: str
+    max_answer_len: int = MAX_ANSWER_LEN
 
 
 @dataclass(frozen=True)
 class InferRequest:
-    texts: list[Text]
+    texts: list  # as PredictRequest's
     id: str | None
     outputs: tuple[str, ...]
+    binary: frozenset[str] = field(default_factory=frozenset)  # outputs to send as binary data (the extension)
+
+
+def input_names(kind: str, pair: bool) -> tuple[str, ...]:
+    """The Open Inference Protocol BYTES inputs of a model of `kind`."""
+    if kind == QA:
+        return QUESTION_INPUTS
+    return (INPUT_NAME, PAIR_INPUT_NAME) if pair else (INPUT_NAME,)
+
+
+def output_names(kind: str) -> tuple[str, ...]:
+    """The Open Inference Protocol outputs of a model of `kind`."""
+    return {TOKEN: ENTITY_OUTPUTS, QA: ANSWER_OUTPUTS}.get(kind, OUTPUT_NAMES)
+
+
+def _model(kind: str, pair: bool) -> str:
+    if kind == SEQUENCE:
+        return "sentence-pair model" if pair else "single-text model"
+    return f"{kind} model"
 
 
 def _type(value: Any) -> str:
@@ -151,16 +191,18 @@ def _is_unicode(text: str) -> bool:
 PAIR_EXAMPLE = '{"text": "...", "text_pair": "..."}'
 
 
-def _wanted_inputs(pair: bool) -> str:
+def _wanted_inputs(pair: bool, kind: str = SEQUENCE) -> str:
+    if kind == QA:
+        return f"a question object {QUESTION_EXAMPLE} or a list of them"
     return f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
 
 
-def _items(inputs: Any, pair: bool) -> tuple[list, bool]:
-    """(items, single) from `inputs`: a string or a pair object, or a list of them (not mixed)."""
+def _items(inputs: Any, pair: bool, kind: str = SEQUENCE) -> tuple[list, bool]:
+    """(items, single) from `inputs`: a string or an object, or a list of them (not mixed)."""
     if isinstance(inputs, str | dict):
         return [inputs], True
     if not isinstance(inputs, list):
-        raise RequestError(422, f"'inputs' must be {_wanted_inputs(pair)}, not {_type(inputs)}", "wrong_type")
+        raise RequestError(422, f"'inputs' must be {_wanted_inputs(pair, kind)}, not {_type(inputs)}", "wrong_type")
     return inputs, False
 
 
@@ -201,23 +243,41 @@ def _check_items(items: list[Text], where: str, limits: Limits) -> list[Text]:
     return items
 
 
-def parse_predict(payload: Any, limits: Limits, pair: bool = False) -> PredictRequest:
-    """`{"inputs": ..., "parameters": {"top_k": int | null, "function_to_apply": ...}}` (HF style). `inputs` is a
-    string or a list of strings for a single-text model; `{"text": ..., "text_pair": ...}` or a list of such
-    objects for a sentence-pair model (`pair`)."""
+QUESTION_EXAMPLE = '{"question": "...", "context": "..."}'
+
+
+def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = SEQUENCE) -> PredictRequest:
+    """`{"inputs": ..., "parameters": {...}}`, the Hugging Face inference formats. Sequence classification:
+    `inputs` is a string or a list of strings (`{"text": ..., "text_pair": ...}` objects for a sentence-pair
+    model, `pair`), parameters `top_k` (int or null) and `function_to_apply`. Token classification: a string or a
+    list of strings, parameter `aggregation_strategy` ("simple", the only one served). Question answering:
+    `{"question": ..., "context": ...}` or a list of them, parameters `top_k` and `max_answer_len`."""
     body = _object(payload, "request body")
     _unknown_keys(body, ("inputs", "parameters", "options"), "request body")
     if "inputs" not in body:
-        raise RequestError(422, f"missing field 'inputs' ({_wanted_inputs(pair)})", "missing_field")
-    items, single = _items(body["inputs"], pair)
-    texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
+        raise RequestError(422, f"missing field 'inputs' ({_wanted_inputs(pair, kind)})", "missing_field")
     params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+    if kind == QA:
+        items, single = _items(body["inputs"], pair, kind)
+        _unknown_keys(params, ("top_k", "max_answer_len"), "'parameters'")
+        questions = _questions(items, "inputs", limits, single)
+        max_answer_len = _positive(params, "max_answer_len", MAX_ANSWER_LEN, nullable=False)
+        return PredictRequest(questions, single, _positive(params, "top_k", 1), "softmax", max_answer_len)
+    if kind == TOKEN:
+        items, single = _items(body["inputs"], pair, kind)
+        _unknown_keys(params, ("aggregation_strategy",), "'parameters'")
+        strategy = params.get("aggregation_strategy", "simple")
+        if strategy != "simple":
+            raise RequestError(
+                422, f"'parameters.aggregation_strategy' must be 'simple' (the one served), not {strategy!r}"[:300],
+                "bad_parameter",
+            )  # fmt: skip
+        texts = _check_items(_pair_items(items, "inputs", False, single), "inputs", limits)
+        return PredictRequest(texts, single, None, "softmax")
+    items, single = _items(body["inputs"], pair, kind)
+    texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
     _unknown_keys(params, ("top_k", "function_to_apply"), "'parameters'")
-    top_k = params.get("top_k", 1)
-    if top_k is not None and (type(top_k) is not int or top_k < 1):
-        raise RequestError(
-            422, f"'parameters.top_k' must be a positive integer or null, not {top_k!r}"[:300], "bad_parameter"
-        )
+    top_k = _positive(params, "top_k", 1)
     function = params.get("function_to_apply", "softmax")
     if function not in FUNCTIONS:
         raise RequestError(
@@ -226,6 +286,42 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False) -> PredictRe
             "bad_parameter",
         )
     return PredictRequest(texts, single, top_k, function)
+
+
+def _positive(params: dict, name: str, default: int, nullable: bool = True) -> int | None:
+    value = params.get(name, default)
+    if (value is None and nullable) or (type(value) is int and value >= 1):
+        return value
+    wanted = "a positive integer or null" if nullable else "a positive integer"
+    raise RequestError(422, f"'parameters.{name}' must be {wanted}, not {value!r}"[:300], "bad_parameter")
+
+
+def _questions(items: list, where: str, limits: Limits, single: bool = False) -> list[Question]:
+    """`{"question": q, "context": c}` objects as `Question`s: both non-blank strings within the limits."""
+    _check_count(items, where, limits)
+    out = []
+    for i, item in enumerate(items):
+        at = where if single else f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(
+                422,
+                f"{at} is {_type(item)}, but this model answers questions: send {QUESTION_EXAMPLE}",
+                "not_question",
+            )
+        _unknown_keys(item, QUESTION_INPUTS, at)
+        texts = []
+        for name in QUESTION_INPUTS:
+            if name not in item:
+                raise RequestError(422, f"{at} has no {name!r}; a question is {QUESTION_EXAMPLE}", "missing_field")
+            texts.append(_nonblank(_check_text(item[name], f"{at}.{name}", limits), f"{at}.{name}"))
+        out.append(Question(*texts))
+    return out
+
+
+def _nonblank(text: str, at: str) -> str:
+    if not text.strip():
+        raise RequestError(422, f"{at} is empty; a question and its context need text", "empty_text")
+    return text
 
 
 def _flatten(data: list) -> list:
@@ -241,9 +337,16 @@ def _flatten(data: list) -> list:
     return out
 
 
-def parse_infer(payload: Any, limits: Limits, pair: bool = False) -> InferRequest:
-    """An Open Inference Protocol v2 request: one BYTES input named "text" (shape [N] or [N, 1]), and for a
-    sentence-pair model (`pair`) a second one named "text_pair" of the same shape."""
+def parse_infer(
+    payload: Any, limits: Limits, pair: bool = False, kind: str = SEQUENCE, binary: bytes | None = None
+) -> InferRequest:
+    """An Open Inference Protocol v2 request: BYTES inputs of shape [N] or [N, 1], one per name the model takes
+    (`input_names`: "text"; "text" and "text_pair" for a sentence-pair model; "question" and "context").
+
+    `binary` is what followed the JSON header in a request of the binary tensor data extension (None: the body
+    was JSON alone): an input whose parameters give `binary_data_size` takes that many bytes of it, in input
+    order. Outputs asked for with `{"binary_data": true}` (or all, with the request's `binary_data_output`) are
+    answered in binary too."""
     body = _object(payload, "request body")
     _unknown_keys(body, ("id", "parameters", "inputs", "outputs"), "request body")
     request_id = body.get("id")
@@ -251,19 +354,22 @@ def parse_infer(payload: Any, limits: Limits, pair: bool = False) -> InferReques
         raise RequestError(422, f"'id' must be a string, not {_type(request_id)}", "wrong_type")
     if request_id is not None and not _is_unicode(request_id):  # echoed in the response, which must encode
         raise RequestError(422, "'id' is not valid Unicode text (it contains a lone surrogate escape)", "bad_text")
-    _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
-    names = (INPUT_NAME, PAIR_INPUT_NAME) if pair else (INPUT_NAME,)
+    params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise RequestError(422, "'parameters.binary_data_output' must be a boolean", "bad_parameter")
+    names = input_names(kind, pair)
     wanted = " and ".join(repr(n) for n in names)
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != len(names):
         got = f"{len(inputs)} inputs" if isinstance(inputs, list) else _type(inputs)
-        model = "sentence-pair model" if pair else "single-text model"
         raise RequestError(
             422,
-            f"'inputs' must be a list of {len(names)} BYTES tensor(s) named {wanted} for this {model}, not {got}",
+            f"'inputs' must be a list of {len(names)} BYTES tensor(s) named {wanted} for this {_model(kind, pair)}, "
+            f"not {got}",
             "not_pair" if pair and isinstance(inputs, list) and len(inputs) == 1 else "wrong_type",
         )
-    tensors = {}
+    tensors, offset = {}, 0
     for i, tensor in enumerate(inputs):
         tensor = _object(tensor, f"inputs[{i}]")
         name = tensor.get("name")
@@ -272,20 +378,28 @@ def parse_infer(payload: Any, limits: Limits, pair: bool = False) -> InferReques
             raise RequestError(422, f"unknown input {name!r}; this model takes BYTES input(s) {wanted}"[:300], reason)
         if name in tensors:
             raise RequestError(422, f"input {name!r} is given twice; this model takes {wanted}", "unknown_input")
-        tensors[name] = _bytes_tensor(tensor, i, limits)
-    texts = tensors[INPUT_NAME]
-    if pair:
-        second = tensors[PAIR_INPUT_NAME]
-        if len(second) != len(texts):
-            raise RequestError(
-                422, f"'text' has {len(texts)} elements but 'text_pair' has {len(second)}; one per pair", "bad_shape"
-            )
-        texts = list(zip(texts, second, strict=True))
-    return InferRequest(texts, request_id, _requested_outputs(body.get("outputs")))
+        tensors[name], offset = _bytes_tensor(tensor, i, limits, binary, offset)
+    if binary is not None and offset != len(binary):
+        raise RequestError(
+            422, f"the binary data is {len(binary)} bytes but the inputs' binary_data_size add up to {offset}",
+            "bad_binary",
+        )  # fmt: skip
+    columns = [tensors[n] for n in names]
+    if any(len(c) != len(columns[0]) for c in columns):
+        counts = " but ".join(f"{n!r} has {len(c)} elements" for n, c in zip(names, columns, strict=True))
+        raise RequestError(422, f"{counts}; one of each per item", "bad_shape")
+    if kind == QA:
+        pairs = zip(*columns, strict=True)
+        texts = [Question(_nonblank(q, "a question"), _nonblank(c, "a context")) for q, c in pairs]
+    else:
+        texts = list(zip(*columns, strict=True)) if pair else columns[0]
+    outputs, binary_outputs = _requested_outputs(body.get("outputs"), output_names(kind), binary_default)
+    return InferRequest(texts, request_id, outputs, binary_outputs)
 
 
-def _bytes_tensor(tensor: dict, i: int, limits: Limits) -> list[str]:
-    """The strings of one BYTES input tensor of shape [N] or [N, 1], checked against the limits."""
+def _bytes_tensor(tensor: dict, i: int, limits: Limits, binary: bytes | None, offset: int) -> tuple[list[str], int]:
+    """The strings of one BYTES input tensor of shape [N] or [N, 1], checked against the limits, and where the
+    next input's binary data starts."""
     _unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), f"inputs[{i}]")
     name = tensor["name"]
     if tensor.get("datatype") != "BYTES":
@@ -301,28 +415,64 @@ def _bytes_tensor(tensor: dict, i: int, limits: Limits) -> list[str]:
         or (len(shape) == 2 and shape[1] != 1)
     ):
         raise RequestError(422, f"input {name!r} must have shape [N] or [N, 1], not {shape!r}"[:300], "bad_shape")
-    data = tensor.get("data")
-    if not isinstance(data, list):
-        raise RequestError(422, f"input {name!r} data must be a list of strings, not {_type(data)}", "wrong_type")
-    texts = _flatten(data)
+    params = _object({} if tensor.get("parameters") is None else tensor["parameters"], f"inputs[{i}].parameters")
+    _unknown_keys(params, ("binary_data_size",), f"inputs[{i}].parameters")  # no shared memory
+    size = params.get("binary_data_size")
+    if size is not None:
+        texts, offset = _binary_texts(name, size, shape, binary, offset, tensor)
+    else:
+        data = tensor.get("data")
+        if not isinstance(data, list):
+            raise RequestError(422, f"input {name!r} data must be a list of strings, not {_type(data)}", "wrong_type")
+        texts = _flatten(data)
     if len(texts) != math.prod(shape):
         raise RequestError(
             422, f"input {name!r} has {len(texts)} elements but shape {shape} needs {math.prod(shape)}", "bad_shape"
         )
-    return check_texts(texts, f"inputs[{i}].data", limits)
+    return check_texts(texts, f"inputs[{i}].data", limits), offset
 
 
-def _requested_outputs(outputs: Any) -> tuple[str, ...]:
+def _binary_texts(name: str, size: Any, shape: list, binary: bytes | None, offset: int, tensor: dict):
+    if binary is None:
+        raise RequestError(
+            422, f"input {name!r} gives binary_data_size, but the request has no Inference-Header-Content-Length "
+            "header (the length of its JSON part)", "bad_binary",
+        )  # fmt: skip
+    if type(size) is not int or size < 0 or offset + size > len(binary):
+        raise RequestError(
+            422, f"input {name!r} binary_data_size {size!r} does not fit the {len(binary) - offset} bytes left"[:300],
+            "bad_binary",
+        )  # fmt: skip
+    if "data" in tensor:
+        raise RequestError(422, f"input {name!r} has both 'data' and binary_data_size; send one", "bad_binary")
+    try:
+        texts = read_bytes_tensor(binary[offset : offset + size], math.prod(shape))
+    except BinaryError as e:
+        raise RequestError(422, f"input {name!r}: {e}", "bad_binary") from None
+    return texts, offset + size
+
+
+def _requested_outputs(
+    outputs: Any, names: tuple[str, ...], binary_default: bool
+) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The outputs asked for (all when none are named) and those to send as binary data."""
     if outputs is None:
-        return OUTPUT_NAMES
+        return names, frozenset(names if binary_default else ())
     if not isinstance(outputs, list) or not outputs:
         raise RequestError(422, "'outputs' must be a non-empty list of {\"name\": ...} objects", "wrong_type")
-    names = []
+    wanted, binary = [], set()
     for i, o in enumerate(outputs):
-        name = _object(o, f"outputs[{i}]").get("name")
-        if name not in OUTPUT_NAMES:
-            raise RequestError(
-                422, f"unknown output {name!r}; outputs are {', '.join(OUTPUT_NAMES)}"[:300], "unknown_output"
-            )
-        names.append(name)
-    return tuple(dict.fromkeys(names))
+        o = _object(o, f"outputs[{i}]")
+        _unknown_keys(o, ("name", "parameters"), f"outputs[{i}]")
+        name = o.get("name")
+        if name not in names:
+            raise RequestError(422, f"unknown output {name!r}; outputs are {', '.join(names)}"[:300], "unknown_output")
+        params = _object({} if o.get("parameters") is None else o["parameters"], f"outputs[{i}].parameters")
+        _unknown_keys(params, ("binary_data",), f"outputs[{i}].parameters")  # no classification extension
+        flag = params.get("binary_data", binary_default)
+        if not isinstance(flag, bool):
+            raise RequestError(422, f"outputs[{i}].parameters.binary_data must be a boolean", "bad_parameter")
+        wanted.append(name)
+        if flag:
+            binary.add(name)
+    return tuple(dict.fromkeys(wanted)), frozenset(binary)

@@ -360,21 +360,26 @@ def keyword_task_file(folder):
 
 
 def tiny_artifact(base: Path, task: str = "sst2") -> Path:
-    """A published artifact of a tiny random BERT classifier for a built-in `task` (fp32 + int8 graphs, tokenizer,
+    """A published artifact of a tiny random BERT model for a built-in `task` (fp32 + int8 graphs, tokenizer,
     the task block, manifest), built with the project's own export and packaging functions; reused when `base`
-    already holds it. `rte` gives a sentence-pair artifact."""
+    already holds it. `rte` gives a sentence-pair artifact, `conll2003` a token-classification one and `squad` a
+    question-answering one."""
     final = base / f"{task}-tiny-serving"
     if (final / "manifest.json").is_file():
         return final
     from export.onnx import export_optimized
-    from pipeline.data.tasks import get_task
+    from pipeline.data.tasks import SEQUENCE, get_task
+    from pipeline.models.io import auto_class
     from pipeline.stages.package import new_staging, stamp_task
     from pipeline.stages.package import run as publish
 
     spec = get_task(task)
-    model = tiny_model("bert", num_labels=spec.num_labels)
-    model.config.id2label = dict(enumerate(spec.labels))
+    model = tiny_model("bert", num_labels=max(2, spec.num_labels))
+    model.config.id2label = dict(enumerate(spec.labels)) if spec.labels else model.config.id2label
     model.config.label2id = {v: k for k, v in model.config.id2label.items()}
+    if spec.kind != SEQUENCE:
+        torch.manual_seed(0)
+        model = auto_class(spec.kind).from_config(model.config).eval()
     staging = new_staging(base, final.name)
     export_optimized(model, tiny_tokenizer("bert"), staging)
     stamp_task(staging, spec.describe())

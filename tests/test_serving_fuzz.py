@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from serving.validation import Limits, RequestError, decode_json, parse_infer, parse_predict
+from serving.artifact import QA, SEQUENCE, TOKEN
+from serving.validation import Limits, Question, RequestError, decode_json, parse_infer, parse_predict
 from tests.helpers import ThreadServer, tiny_artifact
 
 # Hypothesis keeps caches in ./.hypothesis; not in the checkout.
@@ -118,6 +119,65 @@ def test_infer_parser_raises_only_request_errors(body):
     req = _parse(parse_infer, body)
     if req is not None:
         assert 1 <= len(req.texts) <= LIMITS.max_items and req.outputs
+
+
+# Every kind of artifact: (pair, kind) as the server passes them to the parsers.
+KIND_ARGS = [(False, SEQUENCE), (True, SEQUENCE), (False, TOKEN), (False, QA)]
+questions = st.fixed_dictionaries({}, optional={"question": texts, "context": texts, "text": texts})
+span_parameters = st.fixed_dictionaries(
+    {},
+    optional={
+        "top_k": st.one_of(st.integers(-1, 3), json_values),
+        "max_answer_len": st.one_of(st.integers(-1, 40), json_values),
+        "aggregation_strategy": st.one_of(st.sampled_from(["simple", "first"]), json_values),
+    },
+)
+span_predict_bodies = st.fixed_dictionaries(
+    {"inputs": st.one_of(questions, st.lists(questions, max_size=10), inputs)},
+    optional={"parameters": st.one_of(span_parameters, parameters)},
+)
+binary_tensors = st.builds(
+    lambda name, n, size: {"name": name, "datatype": "BYTES", "shape": [n], "parameters": {"binary_data_size": size}},
+    st.sampled_from(["text", "text_pair", "question", "context"]),
+    st.integers(0, 3),
+    st.one_of(st.integers(-1, 40), json_values),
+)
+kind_infer_bodies = st.fixed_dictionaries(
+    {"inputs": st.lists(st.one_of(binary_tensors, tensors), min_size=1, max_size=2)},
+    optional={
+        "outputs": st.lists(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["answer", "word", "label", "x"])}, optional={"parameters": json_values}
+            ),
+            max_size=3,
+        ),
+        "parameters": st.one_of(json_values, st.fixed_dictionaries({"binary_data_output": json_values})),
+    },
+)
+# a serialised BYTES tensor, or bytes that only look like one
+serialised = st.lists(st.binary(max_size=12), max_size=3).map(
+    lambda parts: b"".join(len(p).to_bytes(4, "little") + p for p in parts)
+)
+binary_parts = st.one_of(serialised, st.binary(max_size=40))
+
+
+@FUZZ
+@given(
+    st.sampled_from(KIND_ARGS), st.one_of(span_predict_bodies.map(_encode), predict_bodies.map(_encode), raw_bodies)
+)
+def test_every_kinds_predict_parser_raises_only_request_errors(kind_args, body):
+    req = _parse(lambda payload, limits: parse_predict(payload, limits, *kind_args), body)
+    if req is not None:
+        want = Question if kind_args[1] == QA else tuple if kind_args[0] else str
+        assert 1 <= len(req.texts) <= LIMITS.max_items and all(isinstance(t, want) for t in req.texts)
+
+
+@FUZZ
+@given(st.sampled_from(KIND_ARGS), kind_infer_bodies.map(_encode), st.one_of(st.none(), binary_parts))
+def test_every_kinds_infer_parser_takes_binary_data_raising_only_request_errors(kind_args, body, binary):
+    req = _parse(lambda payload, limits: parse_infer(payload, limits, *kind_args, binary=binary), body)
+    if req is not None:
+        assert 1 <= len(req.texts) <= LIMITS.max_items and req.outputs and req.binary <= set(req.outputs)
 
 
 @pytest.fixture(scope="module")

@@ -63,9 +63,9 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
     from pipeline.data.encoding import encode
     from pipeline.data.squad import QASplit, Question
     from pipeline.data.tagged import TaggedSplit
-    from pipeline.train.metrics import MAX_ANSWER_TOKENS, predict_logits, scores
+    from pipeline.train.metrics import predict_logits, scores
     from pipeline.train.squad_metric import squad_scores
-    from serving.spans import best_answers, question_windows, windowing
+    from serving.spans import MAX_ANSWER_LEN, best_answers, question_windows, windowing
 
     tok, model = tiny_tokenizer("bert"), _model("bert", kind)
     export_optimized(model, tok, tmp_path)
@@ -104,7 +104,7 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
                 out = model(input_ids=torch.tensor([e.ids]), token_type_ids=torch.tensor([e.type_ids]),
                             attention_mask=torch.tensor([e.attention_mask]))  # fmt: skip
             outs.append((out.start_logits[0].numpy(), out.end_logits[0].numpy()))
-        answers = best_answers(windows, [s for s, _ in outs], [e for _, e in outs], q.context, MAX_ANSWER_TOKENS)
+        answers = best_answers(windows, [s for s, _ in outs], [e for _, e in outs], q.context, MAX_ANSWER_LEN)
         served.append(answers[0]["answer"])
     golds = [[a for a, _ in q.answers] for q in split.questions]
     assert scores(torch_rows, enc) == pytest.approx(squad_scores(served, golds))

@@ -21,7 +21,7 @@ from pipeline.data.squad import QASplit
 from pipeline.data.tagged import TaggedSplit
 from pipeline.data.tasks import QA, SEQUENCE, TOKEN
 from pipeline.errors import PipelineError
-from serving.spans import Window, window_of
+from serving.spans import Window, window_of, window_stride
 
 IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 
@@ -44,11 +44,6 @@ class Encoded:
 
     def __len__(self) -> int:
         return len(self.labels)
-
-
-def window_stride(max_length: int) -> int:
-    """The overlap of question-answering windows: 128 tokens, at most half a window (transformers' pipeline)."""
-    return min(128, max_length // 2)
 
 
 def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = None) -> Encoded:

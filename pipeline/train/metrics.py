@@ -21,9 +21,7 @@ from pipeline.data.tasks import QA, TOKEN
 from pipeline.train.entity_metric import entity_scores
 from pipeline.train.losses import prediction_rows
 from pipeline.train.squad_metric import squad_scores
-from serving.spans import best_answers
-
-MAX_ANSWER_TOKENS = 30  # the longest answer span decoded, in tokens (transformers' run_qa default for SQuAD)
+from serving.spans import MAX_ANSWER_LEN, best_answers
 
 
 def output_rows(outputs, batch: Mapping[str, torch.Tensor], width: int) -> np.ndarray:
@@ -109,7 +107,7 @@ def _answer_scores(rows: np.ndarray, enc: Encoded) -> dict[str, float]:
         windows = by_question.get(sample, [])
         size = {i: len(enc.features[i]["input_ids"]) for i in windows}
         starts, ends = [rows[i][: size[i]] for i in windows], [rows[n + i][: size[i]] for i in windows]
-        answers = best_answers([enc.windows[i] for i in windows], starts, ends, question.context, MAX_ANSWER_TOKENS)
+        answers = best_answers([enc.windows[i] for i in windows], starts, ends, question.context, MAX_ANSWER_LEN)
         predictions.append(answers[0]["answer"] if answers else "")
         golds.append([text for text, _ in question.answers])
     return squad_scores(predictions, golds)
