@@ -369,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         for i, answer in sorted(served_labels.items()):
             served.setdefault(i % len(texts), answer)
         firsts = sorted(served)[: args.pipeline]
-        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], 128)
+        task = json.loads((args.artifact / CONFIG).read_text()).get(TASK_KEY) or {}
+        length = task.get("max_length") or 128  # the server's default: the length the artifact was trained at
+        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], length)
         checks = [same_answer(served[i], r) for i, r in zip(firsts, reference, strict=True)]
         result.update(pipeline_equal=sum(ok for ok, _ in checks), pipeline_compared=len(checks))
         diff = max((d for ok, d in checks if ok), default=0.0)

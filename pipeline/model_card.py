@@ -204,7 +204,7 @@ def _figures(report: dict) -> list[str]:
     ]
     out += [f"| {label} | {m['validation'][k][metric]:.2f} | {m['dev'][k][metric]:.2f} |" for label, k in rows]
     speed = report.get("speed", {})
-    # the bench stage's headline cell (CPU, 8 × 128), else the first CPU cell the run measured
+    # the bench stage's headline cell (CPU, the target's shape: 8 × 128; QA 8 × 384), else the first CPU cell measured
     headline = speed.get("headline", {}).get("compressed-int8") or next(
         (r for r in speed.get("speedups", []) if r["model"] == "compressed-int8" and r["provider"].startswith("CPU")),
         None,

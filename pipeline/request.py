@@ -47,10 +47,10 @@ def build_deploy_config(
 ) -> DeployConfig:
     """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config;
     `custom_task` is a user's task (its name is `task`), else `task` is a built-in one."""
-    parse_chain(method)
-    if custom_task is None:
-        get_task(task)
-    data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None)
+    chain = parse_chain(method)
+    kind = custom_task.kind if custom_task is not None else get_task(task).kind
+    trained = tuple(m.name for m in chain if "train" in m.config_cls.model_fields)
+    data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind, trained=trained)
     if custom_task is not None:
         data["custom_task"] = custom_task.model_dump()
     cfg = parse(DeployConfig, data, "recipe")

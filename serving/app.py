@@ -274,7 +274,7 @@ class Service:
                     "pair": self.pair,
                     "task": self.task.get("name"),
                     "precision": self.config.precision,
-                    "max_tokens": self.config.max_length,
+                    "max_tokens": getattr(self.model, "max_length", self.config.max_length),
                     "max_batch": self.config.max_batch,
                 },
             }

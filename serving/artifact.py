@@ -30,7 +30,8 @@ LATENCY_PLOT = "latency.png"
 MODEL_CARD = "README.md"  # Hugging Face's metadata block and how the model was made
 MANIFEST = "manifest.json"
 SIGNATURE = "model.sig"  # written after the manifest; the only file the manifest does not list
-# The task block in config.json and manifest.json (name, kind, labels, text columns, pair, metric).
+# The task block in config.json and manifest.json (name, kind, labels, text columns, pair, metric, and max_length:
+# the tokens per text the model was trained and validated at, the server's default).
 TASK_KEY = "encoder_deploy_task"
 # The task block's kinds: transformers' pipeline names (a block without one, from before kinds, is SEQUENCE), and
 # the class-name suffix of each kind's head in transformers and Optimum (AutoModel<suffix>, ORTModel<suffix>).

@@ -57,7 +57,8 @@ def parser(prog: str = "python -m serving") -> argparse.ArgumentParser:
         "--max-length",
         type=int,
         default=d.max_length,
-        help="tokens per text; longer texts are truncated, keeping the start (%(default)s)",
+        help="tokens per text (a QA window); longer texts are truncated, keeping the start (default: the length the "
+        "artifact was trained at, else 128)",
     )
     p.add_argument(
         "--graceful-timeout",

@@ -48,7 +48,8 @@ class ServerConfig:
         max_body_bytes: larger request bodies get a 413; at most 1 MiB past the limit is read (and dropped) first.
         max_items: most texts in one request.
         max_text_chars: longest text in characters; longer texts get a 413.
-        max_length: tokens per text; longer tokenised texts are truncated to it, keeping the start.
+        max_length: tokens per text (a question-answering window); longer tokenised texts are truncated to it,
+            keeping the start. None: the length the artifact was trained at (its task block's), else 128.
         graceful_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may take to finish.
         access_log: log one line per request (off by default: it costs throughput).
         trust_key: a public key (PEM): serve the artifact only if its signature (model.sig) verifies with it.
@@ -68,7 +69,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     max_items: int = 64
     max_text_chars: int = 10_000
-    max_length: int = 128
+    max_length: int | None = None
     graceful_timeout_s: float = 30.0
     access_log: bool = False
     trust_key: Path | None = None
@@ -81,7 +82,7 @@ class ServerConfig:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
         for name in ("max_batch", "max_batch_tokens", "max_queue", "max_body_bytes", "max_items", "max_text_chars",
                      "max_length"):  # fmt: skip
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         # inf would keep a lone request waiting for a batch that never fills; nan compares false with everything
         for name, value in (("max-wait-ms", self.max_wait_ms), ("graceful-timeout", self.graceful_timeout_s)):

@@ -22,6 +22,8 @@ from serving.spans import MAX_ANSWER_LEN, Window, best_answers, entity_groups, q
 from serving.spans import windowing as windowing_tokenizer
 from serving.validation import Question, RequestError, Text
 
+DEFAULT_MAX_LENGTH = 128  # tokens per text for an artifact whose task block does not say (made before it did)
+
 
 @dataclass(frozen=True)
 class QuestionWindow:
@@ -45,6 +47,7 @@ class ArtifactSession:
         threads: ONNX Runtime intra-op threads (None: ORT's default, the physical cores).
         max_length: tokens per text; longer texts are truncated (keeping the start). A question-answering
             context is cut into windows of `max_length` tokens (with its question) overlapping by `window_stride`.
+            None: the length the artifact was trained at (its task block's `max_length`), else 128.
         verify: check every file against manifest.json first (`serving.artifact.verify`).
         trust_key: with `verify`, also refuse the artifact unless its signature verifies with this public key.
         spinning: let idle intra-op threads busy-wait (ORT's default). A server turns it off: spinning
@@ -56,7 +59,7 @@ class ArtifactSession:
         artifact: str | Path,
         precision: str = "fp32",
         threads: int | None = None,
-        max_length: int = 128,
+        max_length: int | None = None,
         verify: bool = True,
         spinning: bool = True,
         trust_key: str | Path | None = None,
@@ -68,6 +71,7 @@ class ArtifactSession:
             verify_artifact(self.path, (CONFIG, TOKENIZER, GRAPHS[precision]), trust_key)
         config = json.loads((self.path / CONFIG).read_text())
         self.kind = task_kind(config.get(TASK_KEY))
+        max_length = max_length or (config.get(TASK_KEY) or {}).get("max_length") or DEFAULT_MAX_LENGTH
         positions = max_positions(config)
         if positions is not None and max_length > positions:
             raise ArtifactError(f"max_length {max_length} exceeds the model's {positions} positions")

@@ -322,7 +322,9 @@ def test_report_md_shows_the_teachers_widths_for_a_model_compressed_narrow(class
     for name in ("dense.onnx", "dense.int8.onnx"):
         shutil.copy2(dense_graphs(teacher, str(tmp_path / "cache"))[0] / name, staging / ".work" / name)
     settings = BenchSettings(batch_sizes=(1,), seq_lens=(8,), warmup=0, min_runs=1, max_runs=2, threads=1)
-    speed = measure_speed(str(staging), teacher, settings)
+    speed = measure_speed(str(staging), teacher, settings, headline=(1, 8))  # the cell a report leads with
+    assert {(r["batch"], r["seq"]) for r in speed["headline"].values()} == {(1, 8)}
+    assert set(speed["headline"]) == {"dense-int8", "compressed", "compressed-int8"}  # each against dense fp32
     md = render_markdown(_report(speed, compaction=compaction))
     assert "FFN widths 64×2 (teacher) → 64, 16 (artifact); heads 2×2 → 2×2" in md
     assert speed["shapes"]["dense"]["ffn"] == [64, 64] and speed["shapes"]["compressed"]["ffn"] == [64, 16]

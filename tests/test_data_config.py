@@ -94,7 +94,7 @@ def test_registry_covers_every_method_with_a_default_recipe():
             assert callable(getattr(importlib.import_module(module), func))
         build_deploy_config(m.name, "sst2")  # every packaged recipe validates
     for folder in RECIPES_DIR.iterdir():  # methods and packaged chains
-        for recipe in folder.glob("*.yaml") if folder.name != "teacher" else ():
+        for recipe in folder.glob("*.yaml") if folder.name not in ("teacher", "kinds") else ():
             build_deploy_config(folder.name, "sst2", recipe.stem)  # by name, as `--recipe paper`
     with pytest.raises(PipelineError, match=re.escape("known methods: " + ", ".join(m.name for m in methods()))):
         get_method("smp2")
@@ -120,6 +120,35 @@ def test_recipe_overrides_and_validation(tmp_path):
     recipe.write_text("method: mlp_fusion\nconfig: [1, 2\n")
     with pytest.raises(PipelineError, match="not valid YAML"):
         build_deploy_config("mlp_fusion", "sst2", recipe)
+
+
+def test_question_answering_runs_at_384_tokens_unless_told_otherwise(tmp_path):
+    """recipes/kinds/question-answering.yaml lies under every recipe of a QA task (built-in or a task file):
+    training, the speed target and the benchmark's headline at 384 tokens; a recipe or `--set` still decides."""
+    for method in ("none", "distill", "smp", "distill+smp"):
+        cfg = build_deploy_config(method, "squad")
+        assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (384, 384, (128, 384))
+        assert {name: section["train"]["max_length"] for name, section in cfg.config.items()} == {
+            name: 384 for name in method.split("+")
+        }
+        assert cfg.teacher.lr == build_deploy_config(method, "sst2").teacher.lr  # only the lengths change
+    told = build_deploy_config("distill", "squad", overrides=["config.train.max_length=256", "target.seq=256"])
+    assert (told.config["distill"]["train"]["max_length"], told.target.seq, told.teacher.max_length) == (256, 256, 384)
+    assert (
+        build_deploy_config("distill+smp", "squad", overrides=["config.smp.train.max_length=200"]).config["smp"][
+            "train"
+        ]["max_length"]
+        == 200
+    )
+    from pipeline.compress.registry import chain_configs
+    from pipeline.request import check_lengths
+
+    cfg = build_deploy_config("distill", "squad")  # a model with fewer positions is refused before any work
+    with pytest.raises(PipelineError, match=r"^teacher.max_length=384 exceeds the model's 160 positions$"):
+        check_lengths(cfg, chain_configs(cfg), {"model_type": "bert", "max_position_embeddings": 160})
+    for task in ("sst2", "conll2003"):  # the other kinds keep the defaults
+        cfg = build_deploy_config("distill", task)
+        assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (128, 128, (32, 128))
 
 
 def test_config_round_trips_through_json():

@@ -305,3 +305,24 @@ def test_the_load_test_serves_each_kind_and_answers_as_the_pipeline(servers, kin
     figures = json.loads(out.read_text())
     assert figures["server"]["errors"] == 0 and figures["labels_equal"] == figures["labels_compared"] == 24
     assert figures["pipeline_equal"] == figures["pipeline_compared"] == 6
+
+
+def test_the_session_windows_at_the_length_the_artifact_was_trained_at(servers, tmp_path):
+    """The task block's `max_length` (what export stamps: the training length, QA's 384) is the default; an
+    explicit `max_length` (`--max-length`) wins; a block from before it says nothing means 128."""
+    import shutil
+
+    from serving.session import ArtifactSession
+
+    artifact = servers["question-answering"][2]
+    copy = tmp_path / "artifact"
+    shutil.copytree(artifact, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config["encoder_deploy_task"]["max_length"] = 64
+    (copy / "config.json").write_text(json.dumps(config))
+    trained = ArtifactSession(copy, verify=False)
+    windows = trained.encode([_question(_contexts(1)[0])])
+    assert (trained.max_length, trained.stride) == (64, 32) and max(trained.tokens(w) for w in windows) == 64
+    assert ArtifactSession(copy, verify=False, max_length=96).max_length == 96
+    assert "max_length" not in json.loads((artifact / "config.json").read_text())["encoder_deploy_task"]
+    assert ArtifactSession(artifact).max_length == 128

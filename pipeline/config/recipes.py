@@ -6,7 +6,9 @@ settings are part of its cache key, so every packaged CPU recipe names the one s
 changes the teacher of every method at once, and methods keep sharing one cached teacher.
 
 Recipe lookup for `--method M --task T`: `recipes/M/T.yaml`, else `recipes/M/default.yaml` (the method's
-defaults for any task). `--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A chain
+defaults for any task). A task kind whose defaults do not fit has `recipes/kinds/<kind>.yaml`, settings laid
+under every recipe of such a task (question answering's token lengths), before `--set`.
+`--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A chain
 (`--method distill+smp`) has its own folder when it ships a tuned recipe; otherwise its recipe is composed from
 its methods' recipes: each method's `config` under its name, the rest (teacher, data, bench, gates) from the
 chain's last method, which produces the artifact.
@@ -24,6 +26,7 @@ from pipeline.paths import read_utf8
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 TEACHERS_DIR = RECIPES_DIR / "teacher"
+KINDS_DIR = RECIPES_DIR / "kinds"
 DEFAULT_TEACHER = "default"
 
 
@@ -95,6 +98,29 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
 CHAIN_SEP = "+"
 
 
+def lay_kind_settings(data: dict[str, Any], kind: str, method: str, trained: tuple[str, ...]) -> None:
+    """Lay `recipes/kinds/<kind>.yaml` under the recipe `data`, in place: the recipe's own values win. Its `train`
+    section goes under each trained method's (`config.train` of a single method, `config.<m>.train` of a chain)."""
+    path = KINDS_DIR / f"{kind}.yaml"
+    if not path.is_file():
+        return
+    settings = read_yaml_mapping(path, "kind settings")
+    train = settings.pop("train", {})
+    _lay_under(data, settings)
+    config = data.setdefault("config", {})
+    for name in trained:
+        section = config if CHAIN_SEP not in method else config.setdefault(name, {})
+        _lay_under(section, {"train": train})
+
+
+def _lay_under(data: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for key, value in defaults.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            _lay_under(data[key], value)
+        else:
+            data.setdefault(key, value)
+
+
 def composed_chain_recipe(method: str, task: str | None) -> dict[str, Any]:
     """A chain's recipe from its methods' own (packaged) recipes, for a chain that ships none."""
     data: dict[str, Any] = {"method": method, "config": {}}
@@ -113,10 +139,13 @@ def load_recipe(
     recipe: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     task_recipes: bool = True,
+    kind: str | None = None,
+    trained: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The recipe (given, else the packaged default for method/task) with its teacher resolved and the overrides
-    applied, as a plain mapping for `DeployConfig`. `task_recipes` False (a user's task, whose name may be any
-    recipe's) skips the per-task recipe files."""
+    """The recipe (given, else the packaged default for method/task) with its teacher resolved, the task kind's
+    settings laid under it and the overrides applied, as a plain mapping for `DeployConfig`. `task_recipes` False
+    (a user's task, whose name may be any recipe's) skips the per-task recipe files; `trained` names the methods
+    of the chain that have a `train` section."""
     lookup = task if task_recipes else None
     path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, lookup)
     if path is None and CHAIN_SEP in method:
@@ -127,6 +156,8 @@ def load_recipe(
         raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
     data["task"] = task
     resolve_teacher(data)
+    if kind is not None:
+        lay_kind_settings(data, kind, method, trained)
     for assignment in overrides:
         apply_override(data, assignment)
     resolve_teacher(data)  # `--set teacher=NAME` names another shared definition

@@ -63,7 +63,7 @@ def run(
     report = {
         "compressed": export_optimized(load_model(compact_dir), tokenizer, staging_path, calibration=calibration)
     }
-    stamp_task(staging_path, ref.task.describe())
+    stamp_task(staging_path, {**ref.task.describe(), "max_length": max_length})  # what the server reads at
     entry, hit = dense_graphs(teacher_dir, cache_dir, calibration)
     for name in DENSE_GRAPHS.values():
         shutil.copy2(entry / name, staging_path / WORK / name)  # a copy: the run never touches the cache entry
