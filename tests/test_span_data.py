@@ -230,6 +230,45 @@ def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_fro
     assert (len(capped.train), len(capped.dev)) == (100, 50) and capped.validation == data.validation
 
 
+def _hf_rows(split) -> dict:
+    """A split as the Hugging Face dataset's columns: CoNLL's words and tag ids, SQuAD's rows."""
+    if isinstance(split, TaggedSplit):
+        return {"id": [str(i) for i in range(len(split))], "tokens": [list(w) for w in split.words],
+                "ner_tags": [list(t) for t in split.tags]}  # fmt: skip
+    qs = split.questions
+    answers = [{"text": [a for a, _ in q.answers], "answer_start": [s for _, s in q.answers]} for q in qs]
+    return {"id": [q.id for q in qs], "title": ["t"] * len(qs), "context": [q.context for q in qs],
+            "question": [q.question for q in qs], "answers": answers}  # fmt: skip
+
+
+@needs_shared
+@pytest.mark.parametrize("task", ["conll2003", "squad"])
+def test_a_local_hugging_face_dataset_of_a_token_or_qa_task_reads_as_its_files(task, tmp_path):
+    """`--data-dir` with the dataset's parquet export (train, validation) gives the examples its files give."""
+    from datasets import Dataset
+
+    from pipeline.data.loaders import read_split
+
+    spec = task_spec(task)
+    files = {
+        n: read_split(spec, SHARED / task / f) for n, f in (("train", spec.train_file), ("validation", spec.dev_file))
+    }
+    for name, split in files.items():
+        Dataset.from_dict(_hf_rows(split)).to_parquet(str(tmp_path / f"{name}-00000-of-00001.parquet"))
+    data, reference = load_task_data(task, tmp_path), load_task_data(task, SHARED / task)
+    assert (data.train, data.validation, data.dev) == (reference.train, reference.validation, reference.dev)
+    assert "Hugging Face dataset" in data.describe()["source"]
+    broken = _hf_rows(files["validation"])
+    if task == "conll2003":
+        broken["ner_tags"][3][0], needle = 9, "split validation, row 3: ner_tags 9 is not in the task's tag set"
+    else:
+        broken["answers"][3]["answer_start"][0] += 1
+        needle = "split validation, row 3: answer"
+    Dataset.from_dict(broken).to_parquet(str(tmp_path / "validation-00000-of-00001.parquet"))
+    with pytest.raises(PipelineError, match=needle):
+        load_task_data(task, tmp_path)
+
+
 # --- a user's token-classification and question-answering tasks (--task-file) ---------------------------------
 
 

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pipeline.config.schema import DATA_FORMATS, DataLimits
 from pipeline.data.jsonl import describe, json_records
-from pipeline.data.squad import QASplit, read_qa
-from pipeline.data.tagged import TaggedSplit, read_conll, read_tagged_jsonl
+from pipeline.data.squad import QASplit, question_rows, read_qa
+from pipeline.data.tagged import TaggedSplit, read_conll, read_tagged_jsonl, tagged_rows
 from pipeline.data.tasks import QA, SEQUENCE, TOKEN, TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 from pipeline.paths import read_utf8
@@ -326,15 +326,8 @@ def _offline_datasets(online: bool):
     return datasets
 
 
-def _sequence_only(spec: TaskSpec) -> None:
-    if spec.kind != SEQUENCE:
-        raise PipelineError(f"task {spec.name} ({spec.kind}) is read from its files: pass --data-dir with "
-                            f"{spec.train_file} and {spec.dev_file}, or a task file")  # fmt: skip
-
-
-def _from_hub(spec: TaskSpec) -> tuple[Split, Split, str]:
+def _from_hub(spec: TaskSpec) -> tuple[AnySplit, AnySplit, str]:
     """The dataset from the hub, or from the local datasets cache when offline; an error naming it otherwise."""
-    _sequence_only(spec)
     if spec.hf_dataset is None:
         raise PipelineError(f"task {spec.name} has no Hugging Face dataset; pass --data-dir DIR")
     name = "/".join(spec.hf_dataset)
@@ -373,11 +366,10 @@ def _hf_layout(folder: Path, spec: TaskSpec) -> tuple[str, dict[str, list[str]]]
     return None
 
 
-def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
+def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[AnySplit, AnySplit, str]:
     """A local Hugging Face dataset (offline): `save_to_disk` output or parquet/JSONL/CSV files named by split."""
     if not folder.is_dir():
         raise PipelineError(f"data folder not found: {folder}")
-    _sequence_only(spec)
     layout = _hf_layout(folder, spec)
     if layout is None:
         raise PipelineError(f"{folder}: neither GLUE TSV files nor a Hugging Face dataset folder")
@@ -404,18 +396,25 @@ def _from_hf_folder(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
     )
 
 
-def _hf_split(spec: TaskSpec, ds, part_name: str, where: str) -> Split:
+def _hf_split(spec: TaskSpec, ds, part_name: str, where: str) -> AnySplit:
     """One split of a Hugging Face dataset: integer labels are class ids (GLUE's test-style -1 rows are
-    dropped), string labels are the task's label values."""
+    dropped), string labels are the task's label values. NER splits hold words and tags (ids in the task's tag
+    order, which is the dataset's, or names); QA splits SQuAD's rows (id, question, context, answers)."""
     if part_name not in ds:
         raise PipelineError(f"{where}: no split {part_name!r}; it has {', '.join(ds)}")
     part = ds[part_name]
-    columns = (*spec.hf_text_columns, "label")
-    missing = [c for c in columns if c not in part.column_names]
+    columns = {TOKEN: (*spec.hf_text_columns, spec.label_column), QA: ("id", *spec.hf_text_columns, "answers")}
+    missing = [c for c in columns.get(spec.kind, (*spec.hf_text_columns, "label")) if c not in part.column_names]
     if missing:
         raise PipelineError(
             f"{where}: split {part_name} has no column(s) {', '.join(missing)}; it has {', '.join(part.column_names)}"
         )
+    split = f"{where}: split {part_name}"
+    rows = ((f"{split}, row {i}", row) for i, row in enumerate(part))
+    if spec.kind == TOKEN:
+        return tagged_rows(rows, spec.hf_text_columns[0], spec.label_column, spec.labels, split)
+    if spec.kind == QA:
+        return question_rows(rows, split)
     texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
     values = {v: i for i, v in enumerate(spec.label_values)}
     kept_texts, labels = [], []

@@ -12,7 +12,7 @@ takes the best over all of them, as the official script does.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,13 +59,23 @@ def read_qa(path: Path) -> QASplit:
     if suffix not in (".json", ".jsonl"):
         raise PipelineError(f"{path}: unknown format {path.suffix!r}; question-answering files are .json or .jsonl")
     text = read_utf8(path, "data file")
-    questions = _from_squad_json(path, text) if suffix == ".json" else _from_jsonl(path, text)
+    return _unique(_from_squad_json(path, text) if suffix == ".json" else _from_jsonl(path, text), path)
+
+
+def question_rows(rows: Iterable[tuple[str, dict]], source: object) -> QASplit:
+    """Questions from (where, row) pairs whose rows hold `id`, `question`, `context` and `answers` (a Hugging Face
+    SQuAD split's rows); `where` names a row in errors, `source` the whole."""
+    return _unique([_question(row, _text(row.get("context"), f"{where}: context"), where) for where, row in rows],
+                   source)  # fmt: skip
+
+
+def _unique(questions: list[Question], source: object) -> QASplit:
     if not questions:
-        raise PipelineError(f"{path}: no questions")
+        raise PipelineError(f"{source}: no questions")
     seen: set[str] = set()
     for q in questions:
         if q.id in seen:
-            raise PipelineError(f"{path}: question id {q.id!r} appears twice")
+            raise PipelineError(f"{source}: question id {q.id!r} appears twice")
         seen.add(q.id)
     return QASplit(questions)
 

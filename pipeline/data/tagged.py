@@ -10,7 +10,7 @@ line is one error naming the file, the line and the field.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +105,7 @@ def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
             continue
         if len(fields) < 2:
             raise PipelineError(f"{path}:{lineno}: expected a word and its tag (whitespace-separated), got {line!r}")
-        sentence.append((fields[0], _known_tag(fields[-1], ids, path, lineno)))
+        sentence.append((fields[0], _known_tag(fields[-1], ids, f"{path}:{lineno}")))
     close()
     if not tags:
         raise PipelineError(f"{path}: no sentences")
@@ -114,20 +114,29 @@ def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
 
 def read_tagged_jsonl(path: Path, words_key: str, tags_key: str, tag_names: Sequence[str]) -> TaggedSplit:
     """A JSONL file: one object per sentence with a list of words and a list of as many tags (names or ids)."""
+    records = json_records(path, read_utf8(path, "data file").splitlines(), (words_key, tags_key))
+    return tagged_rows(((f"{path}:{lineno}", obj) for lineno, obj in records), words_key, tags_key, tag_names, path)
+
+
+def tagged_rows(
+    rows: Iterable[tuple[str, dict]], words_key: str, tags_key: str, tag_names: Sequence[str], source: object
+) -> TaggedSplit:
+    """Sentences from (where, row) pairs whose rows hold a list of words and a list of as many tags (names, or
+    ids as Hugging Face datasets store them); `where` names a row in errors, `source` the whole."""
     ids = {t: i for i, t in enumerate(tag_names)}
     words, tags = [], []
-    for lineno, obj in json_records(path, read_utf8(path, "data file").splitlines(), (words_key, tags_key)):
+    for where, obj in rows:
         ws, ts = obj[words_key], obj[tags_key]
         if not isinstance(ws, list) or not ws or not all(isinstance(w, str) and w.strip() for w in ws):
-            raise PipelineError(f"{path}:{lineno}: {words_key!r} must be a non-empty list of non-blank words")
+            raise PipelineError(f"{where}: {words_key!r} must be a non-empty list of non-blank words")
         if not isinstance(ts, list) or len(ts) != len(ws):
             got = f"{len(ts)} tags" if isinstance(ts, list) else f"a {type(ts).__name__}"
-            raise PipelineError(f"{path}:{lineno}: {tags_key!r} must list one tag per word ({len(ws)}), got {got}")
+            raise PipelineError(f"{where}: {tags_key!r} must list one tag per word ({len(ws)}), got {got}")
         names = [_tag_name(t, tag_names) for t in ts]
         words.append(tuple(ws))
-        tags.append(tuple(ids[t] for t in to_iob2([_known_tag(t, ids, path, lineno, tags_key) for t in names])))
+        tags.append(tuple(ids[t] for t in to_iob2([_known_tag(t, ids, where, tags_key) for t in names])))
     if not tags:
-        raise PipelineError(f"{path}: no sentences")
+        raise PipelineError(f"{source}: no sentences")
     return TaggedSplit(words, tags, tuple(tag_names))
 
 
@@ -138,7 +147,7 @@ def _tag_name(tag, tag_names: Sequence[str]):
     return tag
 
 
-def _known_tag(tag, ids: dict[str, int], path: Path, lineno: int, field: str = "tag") -> str:
+def _known_tag(tag, ids: dict[str, int], where: str, field: str = "tag") -> str:
     if not isinstance(tag, str) or tag not in ids:
-        raise PipelineError(f"{path}:{lineno}: {field} {tag!r} is not in the task's tag set ({', '.join(ids)})")
+        raise PipelineError(f"{where}: {field} {tag!r} is not in the task's tag set ({', '.join(ids)})")
     return tag
