@@ -277,6 +277,7 @@ def test_bad_binary_tensor_data_is_refused_naming_the_problem(servers, client, h
     json_error(without, 422, "the request has no Inference-Header-Content-Length header")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["token-classification", "question-answering"])
 def test_the_load_test_serves_each_kind_and_answers_as_the_pipeline(servers, kind, tmp_path):
     """`benchmarks/load_test.py` reads a CoNLL file (sentences) or a SQuAD file (questions with their contexts),
