@@ -12,6 +12,9 @@ same items through a bare `ArtifactSession` (same precision, threads and session
 chunks of the server's max batch, and prints the throughput ratio and whether every served answer (top label,
 entities, best answer) equals the bare session's. `--pipeline N` also checks the first N distinct served answers
 against transformers' pipeline over the artifact (Optimum's ORTModel; needs the pipeline's packages).
+The int8 graph quantises each model call's activations with one scale over the whole batch (dynamic
+quantisation), so its scores, and now and then an answer, depend on which items were batched together: compare
+answers on fp32, or on int8 with `--max-batch 1`.
 
     # start a server on a free loopback port, measure, stop it
     python benchmarks/load_test.py ARTIFACT --requests 5000 --concurrency 32
@@ -41,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from serving.artifact import CONFIG, QA, TASK_KEY, TOKEN, task_kind  # noqa: E402  (ROOT is on the path first)
+from serving.artifact import CONFIG, GRAPHS, QA, TASK_KEY, TOKEN, task_kind  # noqa: E402  (ROOT is on the path first)
 
 DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -238,8 +241,8 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
     }
 
 
-def pipeline_answers(artifact: Path, items: list, max_length: int) -> list:
-    """transformers' pipeline over the artifact's fp32 graph (Optimum's ORTModel), answering as the server does:
+def pipeline_answers(artifact: Path, items: list, max_length: int, precision: str) -> list:
+    """transformers' pipeline over the served graph (Optimum's ORTModel), answering as the server does:
     text classification's top label; entities grouped "simple"; the best answer of spans of at most 30 tokens
     over windows of `max_length` tokens overlapping as the server's."""
     import optimum.onnxruntime as ort_models
@@ -249,7 +252,8 @@ def pipeline_answers(artifact: Path, items: list, max_length: int) -> list:
     from serving.spans import MAX_ANSWER_LEN, window_stride
 
     kind = task_kind(json.loads((artifact / CONFIG).read_text()).get(TASK_KEY))
-    model = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}").from_pretrained(artifact, file_name="model.onnx")
+    ort_class = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}")
+    model = ort_class.from_pretrained(artifact, file_name=GRAPHS[precision])
     tokenizer = AutoTokenizer.from_pretrained(artifact, model_max_length=max_length)
     pipe = pipeline(pipeline_tag(kind), model=model, tokenizer=tokenizer)
     if kind == QA:
@@ -371,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         firsts = sorted(served)[: args.pipeline]
         task = json.loads((args.artifact / CONFIG).read_text()).get(TASK_KEY) or {}
         length = task.get("max_length") or 128  # the server's default: the length the artifact was trained at
-        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], length)
+        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], length, args.precision)
         checks = [same_answer(served[i], r) for i, r in zip(firsts, reference, strict=True)]
         result.update(pipeline_equal=sum(ok for ok, _ in checks), pipeline_compared=len(checks))
         diff = max((d for ok, d in checks if ok), default=0.0)
