@@ -241,32 +241,50 @@ def _hf_rows(split) -> dict:
             "question": [q.question for q in qs], "answers": answers}  # fmt: skip
 
 
+def _write_files(split, path: Path) -> None:
+    """A split in the task's own file format: CoNLL columns, or SQuAD JSON (one paragraph per question)."""
+    if isinstance(split, TaggedSplit):
+        sentences = ["\n".join(f"{w} {split.names[t]}" for w, t in zip(ws, ts, strict=True))
+                     for ws, ts in zip(split.words, split.tags, strict=True)]  # fmt: skip
+        path.write_text("\n\n".join(sentences) + "\n")
+        return
+
+    def qa(q):
+        return {"id": q.id, "question": q.question, "answers": [{"text": a, "answer_start": s} for a, s in q.answers]}
+
+    paragraphs = [{"context": q.context, "qas": [qa(q)]} for q in split.questions]
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+
+
 @needs_shared
 @pytest.mark.parametrize("task", ["conll2003", "squad"])
 def test_a_local_hugging_face_dataset_of_a_token_or_qa_task_reads_as_its_files(task, tmp_path):
-    """`--data-dir` with the dataset's parquet export (train, validation) gives the examples its files give."""
+    """`--data-dir` with the dataset's parquet export (train, validation) gives the examples its files give (the
+    first 600 training and 200 dev examples of the real files, written both ways)."""
     from datasets import Dataset
 
     from pipeline.data.loaders import read_split
 
     spec = task_spec(task)
-    files = {
-        n: read_split(spec, SHARED / task / f) for n, f in (("train", spec.train_file), ("validation", spec.dev_file))
-    }
-    for name, split in files.items():
-        Dataset.from_dict(_hf_rows(split)).to_parquet(str(tmp_path / f"{name}-00000-of-00001.parquet"))
-    data, reference = load_task_data(task, tmp_path), load_task_data(task, SHARED / task)
+    hf, files = tmp_path / "hf", tmp_path / "files"
+    hf.mkdir(), files.mkdir()
+    parts = {"train": (spec.train_file, 600), "validation": (spec.dev_file, 200)}
+    splits = {n: read_split(spec, SHARED / task / f).head(k) for n, (f, k) in parts.items()}
+    for name, split in splits.items():
+        Dataset.from_dict(_hf_rows(split)).to_parquet(str(hf / f"{name}-00000-of-00001.parquet"))
+        _write_files(split, files / parts[name][0])
+    data, reference = load_task_data(task, hf), load_task_data(task, files)
     assert (data.train, data.validation, data.dev) == (reference.train, reference.validation, reference.dev)
-    assert "Hugging Face dataset" in data.describe()["source"]
-    broken = _hf_rows(files["validation"])
+    assert len(data.dev) == 200 and "Hugging Face dataset" in data.describe()["source"]
+    broken = _hf_rows(splits["validation"])
     if task == "conll2003":
         broken["ner_tags"][3][0], needle = 9, "split validation, row 3: ner_tags 9 is not in the task's tag set"
     else:
         broken["answers"][3]["answer_start"][0] += 1
         needle = "split validation, row 3: answer"
-    Dataset.from_dict(broken).to_parquet(str(tmp_path / "validation-00000-of-00001.parquet"))
+    Dataset.from_dict(broken).to_parquet(str(hf / "validation-00000-of-00001.parquet"))
     with pytest.raises(PipelineError, match=needle):
-        load_task_data(task, tmp_path)
+        load_task_data(task, hf)
 
 
 # --- a user's token-classification and question-answering tasks (--task-file) ---------------------------------
