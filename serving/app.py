@@ -266,7 +266,9 @@ class Service:
                 "name": self.name,
                 "versions": [MODEL_VERSION],
                 "platform": "onnxruntime_onnx",
-                "inputs": [{"name": n, "datatype": "BYTES", "shape": [-1]} for n in input_names(self.kind, self.pair)],
+                "inputs": [
+                    {"name": name, "datatype": "BYTES", "shape": [-1]} for name in input_names(self.kind, self.pair)
+                ],
                 "outputs": [{"name": name, "datatype": d, "shape": shape} for name, (d, shape) in shapes.items()],
                 "parameters": {
                     "kind": self.kind,
