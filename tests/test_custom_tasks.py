@@ -63,6 +63,7 @@ def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
         "text_columns": ["utterance"],
         "pair": False,
         "metric": "macro_f1",
+        "max_length": 128,  # trained at: what the server reads at by default
     }
     assert config["encoder_deploy_task"] == block
     manifest = json.loads((artifact / "manifest.json").read_text())
