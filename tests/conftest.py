@@ -8,6 +8,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers share the machine's cores: torch's OpenMP threads in each would spin against the other's on the
+    # tiny models' many small ops (a 0.3 s test took 14 s). One intra-op thread per worker; subprocesses keep
+    # their own settings.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)
