@@ -36,6 +36,7 @@ from serving.metrics import CONTENT_TYPE, Metrics
 from serving.session import softmax, top_labels
 from serving.spans import MAX_ANSWER_LEN
 from serving.validation import (
+    OUTPUT_TYPES,
     Limits,
     RequestError,
     decode_json,
@@ -114,10 +115,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-# The Open Inference Protocol outputs of the span kinds: an entity's or an answer's fields, with their datatypes.
-ENTITY_TYPES = {"entity_group": "BYTES", "score": "FP32", "word": "BYTES", "start": "INT64", "end": "INT64",
-                "text_index": "INT64"}  # fmt: skip
-ANSWER_TYPES = {"answer": "BYTES", "score": "FP32", "start": "INT64", "end": "INT64"}
 NO_ANSWER = {"score": 0.0, "start": 0, "end": 0, "answer": ""}  # no span fits (a context of special tokens only)
 
 
@@ -256,11 +253,11 @@ class Service:
 
     async def model_metadata(self, request: Request) -> Response:
         self._check_model(request)
-        n = len(self.labels)
-        if self.kind == SEQUENCE:
-            shapes = {"label": ("BYTES", [-1]), "probabilities": ("FP32", [-1, n]), "logits": ("FP32", [-1, n])}
-        else:
-            shapes = {name: (d, [-1]) for name, d in (ANSWER_TYPES if self.kind == QA else ENTITY_TYPES).items()}
+        per_label = self.kind == SEQUENCE  # probabilities and logits have a column per label
+        shapes = {
+            name: (d, [-1, len(self.labels)] if per_label and d == "FP32" else [-1])
+            for name, d in OUTPUT_TYPES[self.kind].items()
+        }
         return json_response(
             {
                 "name": self.name,
@@ -296,7 +293,7 @@ class Service:
             raise RequestError(400, str(e), "bad_binary") from None
         req = parse_infer(decode_json(header), self.limits, self.pair, self.kind, binary)
         encoded, rows = await self.rows(req.texts)
-        tensors = self._tensors(req.texts, encoded, rows)
+        tensors = self._tensors(req.texts, encoded, rows, req.outputs)
         outputs, data = [], {}
         for name in req.outputs:
             datatype, shape, values = tensors[name]
@@ -314,22 +311,25 @@ class Service:
         media = "application/octet-stream" if data else "application/json"
         return Response(content, headers=headers, media_type=media)
 
-    def _tensors(self, items: list, encoded: list, rows: np.ndarray) -> dict[str, tuple[str, list[int], list]]:
-        """Every output of the model's kind as (datatype, shape, flat values)."""
+    def _tensors(
+        self, items: list, encoded: list, rows: np.ndarray, wanted: tuple[str, ...]
+    ) -> dict[str, tuple[str, list[int], list]]:
+        """The `wanted` outputs of the model's kind as (datatype, shape, flat values), computed only when asked."""
+        types = OUTPUT_TYPES[self.kind]
         if self.kind == SEQUENCE:
             n, k = rows.shape
-            return {
-                "label": ("BYTES", [n], [self.labels[i] for i in rows.argmax(-1)]),
-                "probabilities": ("FP32", [n, k], softmax(rows).ravel().tolist()),
-                "logits": ("FP32", [n, k], rows.ravel().tolist()),
+            values = {
+                "label": lambda: [self.labels[i] for i in rows.argmax(-1)],
+                "probabilities": lambda: softmax(rows).ravel().tolist(),
+                "logits": lambda: rows.ravel().tolist(),
             }
+            return {name: (types[name], [n] if name == "label" else [n, k], values[name]()) for name in wanted}
         answers = self.model.answer(items, encoded, rows, 1, MAX_ANSWER_LEN)
         if self.kind == QA:
-            found, types = [a[0] if a else NO_ANSWER for a in answers], ANSWER_TYPES
+            found = [a[0] if a else NO_ANSWER for a in answers]
         else:
             found = [{**e, "text_index": i} for i, entities in enumerate(answers) for e in entities]
-            types = ENTITY_TYPES
-        return {name: (datatype, [len(found)], [row[name] for row in found]) for name, datatype in types.items()}
+        return {name: (types[name], [len(found)], [row[name] for row in found]) for name in wanted}
 
     async def predict(self, request: Request) -> Response:
         req = parse_predict(

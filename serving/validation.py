@@ -22,11 +22,15 @@ from serving.spans import MAX_ANSWER_LEN
 FUNCTIONS = ("softmax", "sigmoid", "none")
 INPUT_NAME, PAIR_INPUT_NAME = "text", "text_pair"
 QUESTION_INPUTS = ("question", "context")
-OUTPUT_NAMES = ("label", "probabilities", "logits")
-# Token classification answers each text with a variable number of entities: its outputs list every entity of the
-# request, and `text_index` says which input text each came from. Question answering: one answer per question.
-ENTITY_OUTPUTS = ("entity_group", "score", "word", "start", "end", "text_index")
-ANSWER_OUTPUTS = ("answer", "score", "start", "end")
+# The Open Inference Protocol outputs of each kind, with their datatypes. Token classification answers a text with
+# any number of entities: its outputs list every entity of the request, and `text_index` says which input text each
+# came from. Question answering: one answer per question.
+OUTPUT_TYPES = {
+    SEQUENCE: {"label": "BYTES", "probabilities": "FP32", "logits": "FP32"},
+    TOKEN: {"entity_group": "BYTES", "score": "FP32", "word": "BYTES", "start": "INT64", "end": "INT64",
+            "text_index": "INT64"},
+    QA: {"answer": "BYTES", "score": "FP32", "start": "INT64", "end": "INT64"},
+}  # fmt: skip
 Text = str | tuple[str, str]  # one text, or (text, text_pair) for a sentence-pair model
 
 
@@ -80,7 +84,7 @@ def input_names(kind: str, pair: bool) -> tuple[str, ...]:
 
 def output_names(kind: str) -> tuple[str, ...]:
     """The Open Inference Protocol outputs of a model of `kind`."""
-    return {TOKEN: ENTITY_OUTPUTS, QA: ANSWER_OUTPUTS}.get(kind, OUTPUT_NAMES)
+    return tuple(OUTPUT_TYPES[kind])
 
 
 def _model(kind: str, pair: bool) -> str:
@@ -257,14 +261,13 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = 
     if "inputs" not in body:
         raise RequestError(422, f"missing field 'inputs' ({_wanted_inputs(pair, kind)})", "missing_field")
     params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+    items, single = _items(body["inputs"], pair, kind)
     if kind == QA:
-        items, single = _items(body["inputs"], pair, kind)
         _unknown_keys(params, ("top_k", "max_answer_len"), "'parameters'")
         questions = _questions(items, "inputs", limits, single)
         max_answer_len = _positive(params, "max_answer_len", MAX_ANSWER_LEN, nullable=False)
         return PredictRequest(questions, single, _positive(params, "top_k", 1), "softmax", max_answer_len)
     if kind == TOKEN:
-        items, single = _items(body["inputs"], pair, kind)
         _unknown_keys(params, ("aggregation_strategy",), "'parameters'")
         strategy = params.get("aggregation_strategy", "simple")
         if strategy != "simple":
@@ -274,7 +277,6 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = 
             )  # fmt: skip
         texts = _check_items(_pair_items(items, "inputs", False, single), "inputs", limits)
         return PredictRequest(texts, single, None, "softmax")
-    items, single = _items(body["inputs"], pair, kind)
     texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
     _unknown_keys(params, ("top_k", "function_to_apply"), "'parameters'")
     top_k = _positive(params, "top_k", 1)
