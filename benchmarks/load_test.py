@@ -44,7 +44,15 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from serving.artifact import CONFIG, GRAPHS, QA, TASK_KEY, TOKEN, task_kind  # noqa: E402  (ROOT is on the path first)
+from serving.artifact import (  # noqa: E402  (ROOT is on the path first)
+    CONFIG,
+    GRAPHS,
+    QA,
+    TASK_KEY,
+    TOKEN,
+    task_kind,
+    trained_length,
+)
 
 DEFAULT_TEXTS = ROOT / "pipeline" / "data" / "samples" / "sst2" / "dev.tsv"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -64,16 +72,20 @@ def load_texts(path: Path, columns: list[str]) -> list[str | tuple[str, str]]:
     return lines
 
 
-def artifact_columns(artifact: Path) -> list[str]:
+def artifact_task(artifact: Path) -> dict:
+    """The artifact's task block (empty for artifacts from before it)."""
+    return json.loads((artifact / CONFIG).read_text()).get(TASK_KEY) or {}
+
+
+def artifact_columns(artifact: Path, task: dict | None = None) -> list[str]:
     """The text column(s) the artifact's task block names (`sentence` for artifacts without one)."""
-    task = json.loads((artifact / CONFIG).read_text()).get(TASK_KEY) or {}
+    task = artifact_task(artifact) if task is None else task
     columns = task.get("text_columns") or ["sentence"]
     return columns if task.get("pair") else columns[:1]
 
 
-def load_items(path: Path, artifact: Path) -> list:
-    """The items of `path` in the form the artifact's kind reads (see the module's docstring)."""
-    task = json.loads((artifact / CONFIG).read_text()).get(TASK_KEY) or {}
+def load_items(path: Path, artifact: Path, task: dict) -> list:
+    """The items of `path` in the form the artifact's kind reads (see the module's docstring); `task`: its block."""
     kind = task_kind(task)
     if kind == TOKEN:
         from pipeline.data.tagged import read_conll
@@ -84,7 +96,7 @@ def load_items(path: Path, artifact: Path) -> list:
         from serving.validation import Question
 
         return [Question(q.question, q.context) for q in read_qa(path).questions]
-    return load_texts(path, artifact_columns(artifact))
+    return load_texts(path, artifact_columns(artifact, task))
 
 
 def body_of(item) -> bytes:
@@ -241,17 +253,17 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
     }
 
 
-def pipeline_answers(artifact: Path, items: list, max_length: int, precision: str) -> list:
-    """transformers' pipeline over the served graph (Optimum's ORTModel), answering as the server does:
+def pipeline_answers(artifact: Path, task: dict, items: list, precision: str) -> list:
+    """transformers' pipeline over the served graph (Optimum's ORTModel), answering as the server does by default:
     text classification's top label; entities grouped "simple"; the best answer of spans of at most 30 tokens
-    over windows of `max_length` tokens overlapping as the server's."""
+    over windows of the artifact's trained length overlapping as the server's (`task`: its task block)."""
     import optimum.onnxruntime as ort_models
     from transformers import AutoTokenizer, pipeline
 
     from serving.artifact import HEAD_SUFFIXES, pipeline_tag
     from serving.spans import MAX_ANSWER_LEN, window_stride
 
-    kind = task_kind(json.loads((artifact / CONFIG).read_text()).get(TASK_KEY))
+    kind, max_length = task_kind(task), trained_length(task)
     ort_class = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}")
     model = ort_class.from_pretrained(artifact, file_name=GRAPHS[precision])
     tokenizer = AutoTokenizer.from_pretrained(artifact, model_max_length=max_length)
@@ -319,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests must be 1..100000, --concurrency 1..512, --duration 0..3600 s")
     if args.url and urlsplit(args.url).hostname not in LOOPBACK:
         p.error("--url must be a loopback address (127.0.0.1, localhost or ::1)")
-    texts = load_items(args.texts, args.artifact)
+    task = artifact_task(args.artifact)
+    texts = load_items(args.texts, args.artifact, task)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 
     proc, log = None, Path(tempfile.mkstemp(prefix="load-test-server-", suffix=".log")[1])
@@ -373,9 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, answer in sorted(served_labels.items()):
             served.setdefault(i % len(texts), answer)
         firsts = sorted(served)[: args.pipeline]
-        task = json.loads((args.artifact / CONFIG).read_text()).get(TASK_KEY) or {}
-        length = task.get("max_length") or 128  # the server's default: the length the artifact was trained at
-        reference = pipeline_answers(args.artifact, [texts[i] for i in firsts], length, args.precision)
+        reference = pipeline_answers(args.artifact, task, [texts[i] for i in firsts], args.precision)
         checks = [same_answer(served[i], r) for i, r in zip(firsts, reference, strict=True)]
         result.update(pipeline_equal=sum(ok for ok, _ in checks), pipeline_compared=len(checks))
         diff = max((d for ok, d in checks if ok), default=0.0)

@@ -39,9 +39,17 @@ SEQUENCE, TOKEN, QA = "sequence-classification", "token-classification", "questi
 HEAD_SUFFIXES = {SEQUENCE: "ForSequenceClassification", TOKEN: "ForTokenClassification", QA: "ForQuestionAnswering"}
 
 
+DEFAULT_MAX_LENGTH = 128  # tokens per text of an artifact whose task block does not say (made before it did)
+
+
 def task_kind(block: dict | None) -> str:
     """The kind a task block names."""
     return (block or {}).get("kind", SEQUENCE)
+
+
+def trained_length(block: dict | None) -> int:
+    """Tokens per text the artifact was trained and validated at, as its task block says: what it is served at."""
+    return (block or {}).get("max_length") or DEFAULT_MAX_LENGTH
 
 
 def pipeline_tag(kind: str) -> str:

@@ -15,14 +15,23 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Encoding, Tokenizer
 
-from serving.artifact import CONFIG, GRAPHS, QA, TASK_KEY, TOKEN, TOKENIZER, ArtifactError, max_positions, task_kind
+from serving.artifact import (
+    CONFIG,
+    GRAPHS,
+    QA,
+    TASK_KEY,
+    TOKEN,
+    TOKENIZER,
+    ArtifactError,
+    max_positions,
+    task_kind,
+    trained_length,
+)
 from serving.artifact import verify as verify_artifact
 from serving.bounded import BoundedTokenizer
 from serving.spans import MAX_ANSWER_LEN, Window, best_answers, entity_groups, question_windows, window_stride
 from serving.spans import windowing as windowing_tokenizer
 from serving.validation import Question, RequestError, Text
-
-DEFAULT_MAX_LENGTH = 128  # tokens per text for an artifact whose task block does not say (made before it did)
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,7 @@ class ArtifactSession:
             verify_artifact(self.path, (CONFIG, TOKENIZER, GRAPHS[precision]), trust_key)
         config = json.loads((self.path / CONFIG).read_text())
         self.kind = task_kind(config.get(TASK_KEY))
-        max_length = max_length or (config.get(TASK_KEY) or {}).get("max_length") or DEFAULT_MAX_LENGTH
+        max_length = max_length or trained_length(config.get(TASK_KEY))
         positions = max_positions(config)
         if positions is not None and max_length > positions:
             raise ArtifactError(f"max_length {max_length} exceeds the model's {positions} positions")
@@ -92,7 +101,7 @@ class ArtifactSession:
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.labels = _labels(config, self.session)
         self.task = config.get(TASK_KEY) or {}  # artifacts from before pair support have none: single texts
-        self.pair = bool(self.task.get("pair")) and self.kind != QA  # a QA artifact reads `Question`s
+        self.pair = bool(self.task.get("pair"))
         self.outputs = [o.name for o in self.session.get_outputs()]  # logits, or start_logits and end_logits
         if self.kind == QA:
             self.stride = window_stride(max_length)
@@ -135,14 +144,14 @@ class ArtifactSession:
     @staticmethod
     def tokens(item: Encoding | QuestionWindow) -> int:
         """An encoded item's length in tokens (what it costs a model call once padded)."""
-        return len((item.window.encoding if isinstance(item, QuestionWindow) else item).ids)
+        return len(_encoding(item).ids)
 
     def run(self, encoded: list) -> np.ndarray:
         """The graph's outputs, one row per encoded item (of one or more `encode` calls), padded to the longest:
         class logits [n, labels] for sequence classification; for the other kinds an object array of each item's
         rows without the padding (token classification: logits [tokens, labels]; question answering: a
         (start logits, end logits) pair over the window's tokens)."""
-        encodings = [e.window.encoding if isinstance(e, QuestionWindow) else e for e in encoded]
+        encodings = [_encoding(e) for e in encoded]
         width = max(1, max((len(e.ids) for e in encodings), default=0))
         ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
         mask, types = np.zeros_like(ids), np.zeros_like(ids)
@@ -193,6 +202,10 @@ class ArtifactSession:
         """`answer` of `items`, tokenised and run here."""
         encoded = self.encode(items)
         return self.answer(items, encoded, self.run(encoded), top_k, max_answer_len)
+
+
+def _encoding(item: Encoding | QuestionWindow) -> Encoding:
+    return item.window.encoding if isinstance(item, QuestionWindow) else item
 
 
 def _labels(config: dict, session: ort.InferenceSession) -> list[str]:

@@ -69,7 +69,8 @@ class TaskSpec:
 
     @property
     def is_pair(self) -> bool:
-        return len(self.text_columns) == 2
+        """Two texts classified together (a QA task's question and context are not a sentence pair)."""
+        return self.kind == SEQUENCE and len(self.text_columns) == 2
 
     @property
     def identity(self) -> str:
