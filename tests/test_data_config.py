@@ -146,6 +146,10 @@ def test_question_answering_runs_at_384_tokens_unless_told_otherwise(tmp_path):
     cfg = build_deploy_config("distill", "squad")  # a model with fewer positions is refused before any work
     with pytest.raises(PipelineError, match=r"^teacher.max_length=384 exceeds the model's 160 positions$"):
         check_lengths(cfg, chain_configs(cfg), {"model_type": "bert", "max_position_embeddings": 160})
+    from pipeline.data.tasks import get_task
+
+    squad = get_task("squad")  # two text columns, but not a sentence pair: the server reads questions
+    assert squad.describe()["pair"] is False and get_task("mrpc").describe()["pair"] is True
     for task in ("sst2", "conll2003"):  # the other kinds keep the defaults
         cfg = build_deploy_config("distill", task)
         assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (128, 128, (32, 128))
