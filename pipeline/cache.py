@@ -4,7 +4,9 @@ A key is the sha256 of everything that determines the output (input model digest
 method). An entry is built in a temporary folder and renamed into place only when complete, so an
 interrupted run never leaves a half-written entry that a later run would trust. One builder per key at a time:
 a second run asking for the same key waits on the key's lock and then reuses the finished entry, and the lock
-holder removes what a crashed builder left behind (the kernel releases a dead process's lock).
+holder removes what a crashed builder left behind (the kernel releases a dead process's lock). A build's training
+checkpoints live beside the entry in `.KEY.resume` (`pipeline.train.checkpoints`): a crashed build's are kept, and
+the next build of the key resumes from them; they go once the entry is complete.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.train import checkpoints
 from serving.artifact import sha256
 
 log = logging.getLogger(__name__)
@@ -75,10 +78,13 @@ def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]
                 log.info("cache: removing %s, left by an interrupted build", leftover)
                 shutil.rmtree(leftover)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=final.parent))
+        resume = final.parent / f".{key}.resume"
         try:
-            build(tmp)
+            with checkpoints.scope(resume):
+                build(tmp)
             (tmp / DONE).write_text("")
             os.replace(tmp, final)
+            shutil.rmtree(resume, ignore_errors=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, False

@@ -1,5 +1,6 @@
 """Resume and idempotence: a run killed with SIGKILL mid-stage is resumed by the same command from its finished
-stages, and the staging folder it left behind is removed by the next run, never one a live run holds."""
+stages and the killed stage's last training checkpoint, and the staging folder it left
+behind is removed by the next run, never one a live run holds."""
 
 import json
 import os
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.stages.package import STAGING_PREFIX, new_staging, remove_dead_stagings
+from pipeline.train import checkpoints
 from tests.helpers import LOOSE_GATES, quick_args, run_cli, wait_until, write_tiny_model_dir
 
 CHAIN = (
@@ -44,10 +46,11 @@ def sigkill(proc: subprocess.Popen) -> None:
 def test_a_chain_killed_mid_stage_resumes_from_its_finished_stages(tmp_path):
     model = write_tiny_model_dir(tmp_path / "tiny4", layers=4, heads=4)
     args, env = quick_args("distill+smp", model, tmp_path, *CHAIN, *LOOSE_GATES)
+    env[checkpoints.ENV] = "50"
     log = tmp_path / "killed.log"
     proc = start_cli(args, env, log)
-    # the first stage is finished and cached once the second one reports progress
-    wait_until(lambda: "smp mask training: step" in log.read_text() or proc.poll() is not None, timeout=300)
+    # the first stage is finished and cached once the second one checkpoints
+    wait_until(lambda: "smp mask training: checkpoint" in log.read_text() or proc.poll() is not None, timeout=300)
     assert proc.poll() is None, log.read_text()[-3000:]
     sigkill(proc)
     assert "compress (distill)" in log.read_text()
@@ -58,6 +61,7 @@ def test_a_chain_killed_mid_stage_resumes_from_its_finished_stages(tmp_path):
     ran = [name for name, cached in [("teacher", report["teacher"]["cached"]),
            *((s["method"], s["cached"]) for s in report["compress"]["stages"])] if not cached]  # fmt: skip
     assert ran == ["smp"]  # the teacher and the distilled student were reused; only the killed stage ran again
+    assert "smp mask training: resuming from the checkpoint at step" in again.stderr  # and not from its first step
     assert report["compress"]["stages"][0]["compacted"]["cached"]  # and so was the compaction between them
     # the killed build's temporary folder is gone; every cache entry is complete
     for stage in ("teachers", "compressed", "compacted"):

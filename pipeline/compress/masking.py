@@ -214,6 +214,15 @@ class Masker:
             if g.mask is not None:
                 g.mask = g.mask.to(device)
 
+    def state_dict(self) -> dict:
+        """Each group's budget and mask (a training checkpoint keeps them; the scores are parameters)."""
+        masks = [None if g.mask is None else g.mask.detach().cpu() for g in self.groups]
+        return {"keep": [g.keep for g in self.groups], "mask": masks}
+
+    def load_state_dict(self, state: dict) -> None:
+        for g, keep, mask in zip(self.groups, state["keep"], state["mask"], strict=True):
+            g.keep, g.mask = keep, None if mask is None else mask.to(g.scores.device)
+
     def named_scores(self) -> list[tuple[str, nn.Parameter]]:
         return [(f"mask_scores.{g.name}", g.scores) for g in self.groups]
 

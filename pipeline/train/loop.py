@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from tqdm.auto import tqdm
 from pipeline import interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.train import checkpoints
 from pipeline.train.losses import LossFn, classification_loss
 from pipeline.train.metrics import predict_logits, scores
 
@@ -90,9 +92,14 @@ def train(
     loss_fn: LossFn | None = None,
     params: Iterable[tuple[str, nn.Parameter]] | None = None,
     before_step: Callable[[int], None] | None = None,
+    state: Stateful | None = None,
     desc: str = "train",
 ) -> TrainResult:
     """Train `model` in place for the configured budget and return the loss/metric history.
+
+    Inside a checkpoint scope (`pipeline.train.checkpoints`, opened by the stage cache) the phase checkpoints
+    every N steps and resumes from its checkpoint: weights, optimiser, schedule, random state and position in
+    the data, so a resumed run takes the steps an uninterrupted one would have.
 
     Args:
         model: the model to train; it is returned to the CPU in eval mode.
@@ -102,6 +109,8 @@ def train(
         loss_fn: replaces the default classification(+KD) loss.
         params: named parameters to optimise (default: all of `model`'s trainable ones).
         before_step: called with the step index (0-based) before each step (pruning schedules hook in here).
+        state: what else the phase changes outside `model` and `params` (e.g. a pruning schedule's masks),
+            checkpointed with them.
         desc: label of the progress bar.
     """
     device = resolve_device(cfg.device)
@@ -115,15 +124,24 @@ def train(
     result = TrainResult(steps=steps, seconds=0.0)
     if steps == 0:
         return _finish(model, teacher, result)
-    groups = _param_groups(params if params is not None else model.named_parameters(), cfg.weight_decay)
+    named = list(params if params is not None else model.named_parameters())
+    groups = _param_groups(named, cfg.weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
-    start, step, running = time.perf_counter(), 0, None
+    saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen)
+    resumed = saver.restore(result)
+    if resumed is not None and resumed.done:
+        log.info("%s: finished before, restored from %s", desc, saver.phase.path)
+        return _finish(model, teacher, result)
+    step, running, skip = (resumed.step, resumed.running, resumed.position) if resumed else (0, None, 0)
+    start = time.perf_counter() - result.seconds
     bar = tqdm(
-        total=steps, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None
+        total=steps, initial=step, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None
     )  # off without a TTY
     while step < steps:
-        for batch in iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen):
+        epoch_state = gen.get_state()  # the shuffle's seed state: a checkpoint resumes inside this epoch
+        batches = iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen)
+        for position, batch in enumerate(itertools.islice(batches, skip, None), start=skip + 1):
             interrupts.check()  # a stop signal whose raise was dropped ends training within a step
             batch = {k: v.to(device) for k, v in batch.items()}
             if before_step is not None:
@@ -149,13 +167,109 @@ def train(
                 log.info("%s: step %d/%d, loss %.4f, %.1fs", desc, step, steps, running, time.perf_counter() - start)
             if step >= steps:
                 break
+            if saver.due(step):
+                result.seconds = time.perf_counter() - start
+                saver.save(result, _Position(step, running, position, epoch_state))
+        skip = 0
     bar.close()
     if val_enc is not None:
         result.validation = scores(predict_logits(model, val_enc), val_enc)
         result.history[-1].update(result.validation)
     result.seconds = time.perf_counter() - start
     log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
+    saver.save(result, None)  # finished: a resumed stage skips this phase
     return _finish(model, teacher, result)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class _Position:
+    """Where a phase stands: `position` batches of the epoch whose shuffle starts from `epoch_state` are done."""
+
+    step: int
+    running: float | None
+    position: int
+    epoch_state: torch.Tensor
+    done: bool = False
+
+
+@dataclass
+class _Saver:
+    """Writes and restores one phase's checkpoint (a no-op without one)."""
+
+    phase: checkpoints.Phase | None
+    model: nn.Module
+    named: list[tuple[str, nn.Parameter]]
+    state: Stateful | None
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    gen: torch.Generator
+
+    def due(self, step: int) -> bool:
+        return self.phase is not None and step % self.phase.every == 0
+
+    def _outside(self) -> list[tuple[str, nn.Parameter]]:
+        """Trained parameters that are not the model's own (distillation's projections, SMP's mask scores)."""
+        own = {id(p) for p in self.model.parameters()}
+        return [(n, p) for n, p in self.named if id(p) not in own]
+
+    def save(self, result: TrainResult, at: _Position | None) -> None:
+        if self.phase is None:
+            return
+        snapshot = {
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "params": {n: p.detach().cpu() for n, p in self._outside()},
+            "state": self.state.state_dict() if self.state is not None else None,
+            "rng": _rng_state(),
+            "result": {"seconds": result.seconds, "history": result.history, "validation": result.validation},
+        }
+        if at is None:
+            snapshot["position"] = {"done": True}
+        else:
+            snapshot["optimizer"], snapshot["scheduler"] = self.opt.state_dict(), self.sched.state_dict()
+            snapshot["position"] = {"done": False, "step": at.step, "running": at.running, "position": at.position}
+            snapshot["epoch_state"] = at.epoch_state
+        self.phase.save(snapshot)
+        if at is not None:
+            log.info("%s: checkpoint at step %d (%s)", self.phase.desc, at.step, self.phase.path)
+
+    def restore(self, result: TrainResult) -> _Position | None:
+        saved = self.phase.load() if self.phase is not None else None
+        if saved is None:
+            return None
+        self.model.load_state_dict(saved["model"])
+        with torch.no_grad():
+            for n, p in self._outside():
+                p.copy_(saved["params"][n])
+        if self.state is not None:
+            self.state.load_state_dict(saved["state"])
+        _set_rng_state(saved["rng"])
+        result.seconds = saved["result"]["seconds"]
+        result.history, result.validation = saved["result"]["history"], saved["result"]["validation"]
+        at = saved["position"]
+        if at["done"]:
+            return _Position(result.steps, None, 0, self.gen.get_state(), done=True)
+        self.opt.load_state_dict(saved["optimizer"])
+        self.sched.load_state_dict(saved["scheduler"])
+        self.gen.set_state(saved["epoch_state"])
+        log.info("%s: resuming from the checkpoint at step %d (%s)", self.phase.desc, at["step"], self.phase.path)
+        return _Position(at["step"], at["running"], at["position"], saved["epoch_state"])
+
+
+def _rng_state() -> dict:
+    """The global generators dropout draws from."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:

@@ -45,7 +45,14 @@ def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
             masker.refresh(alloc, scores={g.name: g.magnitude() for g in masker.groups})
 
     result = train(
-        model, ctx.train, ctx.validation, cfg.train, teacher=ctx.teacher, before_step=before_step, desc="gmp pruning"
+        model,
+        ctx.train,
+        ctx.validation,
+        cfg.train,
+        teacher=ctx.teacher,
+        before_step=before_step,
+        state=masker,  # the masks of the last update, which a resumed run starts from
+        desc="gmp pruning",
     )
     masker.to_("cpu")  # masks were computed next to the weights, which train() has moved back
     ctx.report["schedule"] = {"steps": steps, "updates": {str(k): round(v, 4) for k, v in schedule.items()}}

@@ -70,6 +70,7 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
         loss_fn=loss_fn,
         params=masker.named_scores(),
         before_step=before_step,
+        state=masker,
         desc="smp mask training",
     )
     masker.to_("cpu")
