@@ -5,7 +5,7 @@ method). An entry is built in a temporary folder and renamed into place only whe
 interrupted run never leaves a half-written entry that a later run would trust. One builder per key at a time:
 a second run asking for the same key waits on the key's lock and then reuses the finished entry, and the lock
 holder removes what a crashed builder left behind (the kernel releases a dead process's lock). A build's training
-checkpoints live beside the entry in `.KEY.resume` (`pipeline.train.checkpoints`): a crashed build's are kept, and
+checkpoints live beside the entry in `.KEY.resume` (`pipeline.checkpoints`): a crashed build's are kept, and
 the next build of the key resumes from them; they go once the entry is complete.
 """
 
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline.train import checkpoints
+from pipeline import checkpoints
 from serving.artifact import sha256
 
 log = logging.getLogger(__name__)

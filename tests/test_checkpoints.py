@@ -5,13 +5,12 @@ entry."""
 import pytest
 import torch
 
-from pipeline import interrupts
+from pipeline import checkpoints, interrupts
 from pipeline.data.loaders import DataRef
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_model
 from pipeline.request import build_deploy_config
 from pipeline.stages.compress import run as compress
-from pipeline.train import checkpoints
 
 DATA = DataRef("sst2", "sample", None, 64, 16)  # 64 sentences at batch 8: an epoch is 8 steps
 STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]

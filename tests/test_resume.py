@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import checkpoints
 from pipeline.stages.package import STAGING_PREFIX, new_staging, remove_dead_stagings
-from pipeline.train import checkpoints
 from tests.helpers import LOOSE_GATES, quick_args, run_cli, wait_until, write_tiny_model_dir
 
 CHAIN = (

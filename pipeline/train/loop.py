@@ -19,10 +19,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline import interrupts
+from pipeline import checkpoints, interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import Encoded, iter_batches
-from pipeline.train import checkpoints
 from pipeline.train.losses import LossFn, classification_loss
 from pipeline.train.metrics import predict_logits, scores
 
@@ -97,7 +96,7 @@ def train(
 ) -> TrainResult:
     """Train `model` in place for the configured budget and return the loss/metric history.
 
-    Inside a checkpoint scope (`pipeline.train.checkpoints`, opened by the stage cache) the phase checkpoints
+    Inside a checkpoint scope (`pipeline.checkpoints`, opened by the stage cache) the phase checkpoints
     every N steps and resumes from its checkpoint: weights, optimiser, schedule, random state and position in
     the data, so a resumed run takes the steps an uninterrupted one would have.
 
