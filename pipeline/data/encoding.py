@@ -54,12 +54,12 @@ def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = Non
         return _encode_questions(tokenizer, split, max_length, window_stride(max_length) if stride is None else stride)
     columns = list(zip(*split.texts, strict=True))
     enc = tokenizer(*columns, truncation=True, max_length=max_length)
-    keys = _keys(enc)
+    keys = feature_keys(enc)
     features = [{k: enc[k][i] for k in keys} for i in range(len(split))]
     return Encoded(features, list(split.labels), tokenizer.pad_token_id or 0)
 
 
-def _keys(enc) -> list[str]:
+def feature_keys(enc) -> list[str]:
     return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
 
 
@@ -76,7 +76,7 @@ def _encode_tagged(tokenizer, split: TaggedSplit, max_length: int) -> Encoded:
         texts.append(" ".join(words))
         starts.append(offsets)
     enc = tokenizer(texts, truncation=True, max_length=max_length, return_offsets_mapping=True)
-    keys, features, labels = _keys(enc), [], []
+    keys, features, labels = feature_keys(enc), [], []
     for i, tags in enumerate(split.tags):
         features.append({k: enc[k][i] for k in keys})
         row, seen = [], set()
@@ -99,7 +99,7 @@ def _encode_questions(tokenizer, split: QASplit, max_length: int, stride: int) -
     enc = tokenizer([q.question for q in questions], [q.context for q in questions], truncation="only_second",
                     max_length=max_length, stride=stride, return_overflowing_tokens=True,
                     return_offsets_mapping=True)  # fmt: skip
-    keys, features, labels = _keys(enc), [], []
+    keys, features, labels = feature_keys(enc), [], []
     samples = list(enc["overflow_to_sample_mapping"])
     for i, sample in enumerate(samples):
         features.append({k: enc[k][i] for k in keys})
@@ -134,6 +134,8 @@ def collate(enc: Encoded, idx: list[int]) -> dict[str, torch.Tensor]:
         fill = enc.pad_id if key == "input_ids" else 0
         batch[key] = torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in feats], dtype=torch.long)
     labels = [enc.labels[i] for i in idx]
+    if labels[0] is None:  # unlabelled text (a general distillation corpus)
+        return batch
     if isinstance(labels[0], list):  # tags per token: pads are not scored
         labels = [row + [IGNORED] * (width - len(row)) for row in labels]
     batch["labels"] = torch.tensor(labels, dtype=torch.long)

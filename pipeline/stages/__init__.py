@@ -13,6 +13,11 @@ it as it is (`flows/stage_tasks.py`) and the per-stage commands call it without 
 | validate | `validate` | parity and accuracy gates on the validation split; dev reported |
 | bench | `bench` | ONNX Runtime latency of dense and compressed graphs, interleaved |
 | package | `package` | report, model card, manifest (and signature), published by one rename |
+
+A stage with a flow of its own comes before any deploy: `general`, a general (task-agnostic) student distilled
+from a pre-trained model on unlabelled text (`pipeline distill-general`, `flows/general.py`), which a deploy then
+takes as its `--model`.
 """
 
 STAGES = ("data", "teacher", "plan", "compress", "compact", "export", "validate", "bench", "package")
+OWN_FLOW = ("general",)

@@ -161,3 +161,96 @@ def check_student_folder(path: Path, teacher_dir: Path) -> dict:
 def _normalizer(tokenizer) -> Any:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     return json.loads(backend.to_str()).get("normalizer") if backend is not None else None
+
+
+class StudentShape(FrozenModel):
+    """A general student's uniform shape; None takes the teacher's (heads: hidden / the teacher's head size; ffn:
+    the teacher's FFN ratio to its hidden size)."""
+
+    layers: int = Field(4, ge=1)
+    hidden: int | None = Field(None, ge=1)
+    heads: int | None = Field(None, ge=1)
+    ffn: int | None = Field(None, ge=1)
+
+    def resolved(self, teacher: dict[str, Any]) -> dict[str, int]:
+        """{layers, hidden, heads, ffn} against the teacher's `config.json`."""
+        from pipeline.models.families import arch_of
+
+        arch = arch_of(teacher)
+        hidden = self.hidden or arch.hidden
+        heads = self.heads or max(1, hidden // arch.head_dim)
+        ffn = self.ffn or round(arch.ffn * hidden / arch.hidden)
+        return {"layers": self.layers, "hidden": hidden, "heads": heads, "ffn": ffn}
+
+
+class GeneralConfig(FrozenModel):
+    """Task-agnostic distillation of a pre-trained encoder into a general student, on unlabelled text.
+
+    The losses are distill's (MiniLMv2 relations, hidden states through learned projections under a layer
+    mapping) plus DirectMiniLM (eq. 10 of arXiv 2310.08797: the student's relation-head Q/K/V mapped onto the
+    teacher's by learned per-head matrices, MSE), in any combination; there is no task loss and no label.
+
+    Attributes:
+        student: the student's shape.
+        init: `teacher` (layers picked uniformly, heads, neurons and hidden dimensions kept by importance) or
+            `random`.
+        relation, relation_heads, relation_pairs, teacher_layer, hidden, hidden_mapping: as in distill.
+        direct: weight of the DirectMiniLM loss (0: off); it uses `relation_heads` and `teacher_layer`.
+        max_length: tokens per paragraph (longer ones are cut).
+        corpus_lines: read at most this many non-blank lines of the corpus (None: all).
+        train: budget and optimiser (its KD and evaluation settings are unused: there are no labels).
+    """
+
+    student: StudentShape = StudentShape()
+    init: Literal["teacher", "random"] = "teacher"
+    relation: float = Field(1.0, ge=0)
+    relation_heads: int = Field(32, ge=1)
+    relation_pairs: list[Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]] = Field(
+        default_factory=lambda: ["QQ", "KK", "VV"]
+    )
+    teacher_layer: int | None = Field(None, ge=1)
+    hidden: float = Field(0.0, ge=0)
+    hidden_mapping: HiddenMapping = "uniform"
+    direct: float = Field(0.0, ge=0)
+    max_length: int = Field(128, ge=8, le=4096)
+    corpus_lines: int | None = Field(None, ge=1)
+    train: TrainConfig = TrainConfig(max_steps=2000, epochs=1, batch_size=32, lr=2e-4, warmup_ratio=0.05)
+
+    @model_validator(mode="after")
+    def _some_signal(self) -> GeneralConfig:
+        if not (self.relation or self.hidden or self.direct):
+            raise ValueError("relation, hidden and direct are all 0: nothing to distil")
+        return self
+
+    def preflight(self, teacher: dict[str, Any]) -> dict[str, int]:
+        """The resolved student shape, after checking it against the teacher's `config.json`."""
+        from pipeline.compress.methods.distill.losses import layer_mapping
+        from pipeline.models.families import arch_of
+
+        arch, shape = arch_of(teacher), self.student.resolved(teacher)
+        if self.init == "teacher":
+            for key, limit in (
+                ("layers", arch.layers),
+                ("hidden", arch.hidden),
+                ("heads", arch.heads),
+                ("ffn", arch.ffn),
+            ):
+                if shape[key] > limit:
+                    raise PipelineError(f"student {key} {shape[key]} exceeds the teacher's {limit} (init teacher)")
+            if shape["heads"] * arch.head_dim != shape["hidden"]:
+                raise PipelineError(
+                    f"student heads {shape['heads']} x the teacher's head size {arch.head_dim} != hidden "
+                    f"{shape['hidden']}: heads are kept whole (init teacher); use heads "
+                    f"{shape['hidden'] // arch.head_dim} or init random"
+                )
+        if shape["hidden"] % shape["heads"]:
+            raise PipelineError(f"student hidden {shape['hidden']} is not a multiple of its heads {shape['heads']}")
+        if self.teacher_layer is not None and self.teacher_layer > arch.layers:
+            raise PipelineError(f"teacher_layer {self.teacher_layer} is out of range (the teacher has {arch.layers})")
+        if self.relation or self.direct:
+            for width in (arch.heads * arch.head_dim, shape["hidden"]):
+                if width % self.relation_heads:
+                    raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
+        if self.hidden:
+            layer_mapping(self.hidden_mapping, arch.layers, shape["layers"])
+        return shape

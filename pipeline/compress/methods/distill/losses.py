@@ -1,5 +1,5 @@
-"""Distillation losses: layer mappings and MiniLMv2 self-attention relations (hidden-state MSE and output KD
-live in `pipeline.train.losses`, shared with the pruning methods).
+"""Distillation losses: layer mappings, MiniLMv2 self-attention relations and DirectMiniLM (hidden-state MSE and
+output KD live in `pipeline.train.losses`, shared with the pruning methods).
 
 Follows the method digests in `shared/methods/minilmv2.md` (§1) and `shared/methods/distill_compare.md` (§2).
 Layer indices are 1-indexed as in the papers, which is also how Hugging Face's `hidden_states` tuples index
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from pipeline.errors import PipelineError
 from pipeline.train.losses import valid_tokens
@@ -153,3 +154,46 @@ def _check_pairs(pairs: Sequence[str]) -> list[str]:
     if len(set(out)) != len(out):
         raise PipelineError(f"relation pairs repeat: {list(pairs)}")
     return out
+
+
+# --- DirectMiniLM (comparison paper §2.4, eq. 10) -------------------------------------------------------------
+
+
+class DirectProjections(nn.Module):
+    """W_{α,a}: one trainable (d_S/A_r × d_T/A_r) map per relation type α ∈ Q, K, V and relation head a;
+    training-only. Identity-initialised when the widths match (step 0 is plain MSE), else Xavier."""
+
+    def __init__(self, relation_heads: int, d_student: int, d_teacher: int) -> None:
+        super().__init__()
+        if d_student % relation_heads or d_teacher % relation_heads:
+            raise PipelineError(f"relation heads {relation_heads} must divide both widths {d_student}, {d_teacher}")
+        ds, dt = d_student // relation_heads, d_teacher // relation_heads
+        weight = torch.empty(len(QKV), relation_heads, ds, dt)
+        if ds == dt:
+            weight.copy_(torch.eye(ds).expand_as(weight))
+        else:
+            nn.init.xavier_uniform_(weight.view(-1, ds, dt)[0])  # one head's shape, for the fan; then every head
+            weight.copy_(weight.view(-1, ds, dt)[0].expand_as(weight)).add_(0.01 * torch.randn_like(weight))
+        self.weight = nn.Parameter(weight)
+        self.relation_heads = relation_heads
+
+
+def direct_loss(
+    teacher_qkv: Sequence[torch.Tensor],
+    student_qkv: Sequence[torch.Tensor],
+    attention_mask: torch.Tensor,
+    maps: DirectProjections,
+) -> torch.Tensor:
+    """Σ over Q, K, V of the MSE between the student's relation-head vectors mapped by W_{α,a} and the teacher's
+    (eq. 10), averaged over relation heads, real tokens and the teacher's dimensions."""
+    t_vecs = relation_vectors(*(x.detach() for x in teacher_qkv), maps.relation_heads)
+    s_vecs = relation_vectors(*student_qkv, maps.relation_heads)
+    valid = valid_tokens(attention_mask, s_vecs[0].shape[0], s_vecs[0].shape[2])
+    rows = valid[:, None, :, None].float()  # (B, 1, T, 1)
+    total = torch.zeros((), device=s_vecs[0].device)
+    for alpha, (t, s) in enumerate(zip(t_vecs, s_vecs, strict=True)):
+        with torch.autocast(s.device.type, enabled=False):
+            mapped = torch.einsum("bats,ase->bate", s.float(), maps.weight[alpha].float())
+            err = (mapped - t.float()).pow(2) * rows
+        total = total + err.sum() / (rows.sum() * maps.relation_heads * t.shape[-1])
+    return total

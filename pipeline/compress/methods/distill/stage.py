@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from pipeline.compress.context import StageContext
-from pipeline.compress.methods.distill.config import DistillConfig
-from pipeline.compress.methods.distill.losses import layer_mapping, relation_loss
+from pipeline.compress.methods.distill.config import DistillConfig, GeneralConfig
+from pipeline.compress.methods.distill.losses import DirectProjections, direct_loss, layer_mapping, relation_loss
 from pipeline.compress.methods.distill.students import build_student
 from pipeline.models.families import family_of
 from pipeline.models.layers import encoder_layers
@@ -25,12 +25,19 @@ def _qkv(model: nn.Module, layer: int, hidden_in: torch.Tensor) -> tuple[torch.T
 
 
 def distill_loss(
-    cfg: DistillConfig, teacher: nn.Module, projections: HiddenProjections | None, *, task: bool
+    cfg: DistillConfig | GeneralConfig,
+    teacher: nn.Module,
+    projections: HiddenProjections | None,
+    *,
+    task: bool,
+    direct: DirectProjections | None = None,
 ) -> LossFn:
-    """relation · L_rel + hidden · L_hid (+ the task loss with output KD when `task`), from one forward each."""
+    """relation · L_rel + hidden · L_hid (+ `cfg.direct` · L_direct with `direct`'s maps, + the task loss with
+    output KD when `task`), from one forward each."""
     n_teacher = len(encoder_layers(teacher))
     t_layer = cfg.teacher_layer or n_teacher
-    needs_teacher = bool(cfg.relation or cfg.hidden or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
+    needs_qkv = bool(cfg.relation or direct is not None)
+    needs_teacher = bool(needs_qkv or cfg.hidden or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
 
     def loss_fn(student: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -39,14 +46,16 @@ def distill_loss(
         if needs_teacher:
             with torch.no_grad():
                 t_out = teacher(**inputs, output_hidden_states=True)
-                t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if cfg.relation else None
+                t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if needs_qkv else None
         s_out = student(**inputs, output_hidden_states=True)
         total = s_out.hidden_states[-1].new_zeros(())
+        s_qkv = _qkv(student, -1, s_out.hidden_states[-2]) if needs_qkv else None  # the student's last layer
         if cfg.relation:
-            s_qkv = _qkv(student, -1, s_out.hidden_states[-2])  # the student's last layer
             total = total + cfg.relation * relation_loss(
                 t_qkv, s_qkv, mask, cfg.relation_heads, tuple(cfg.relation_pairs)
             )
+        if direct is not None:
+            total = total + cfg.direct * direct_loss(t_qkv, s_qkv, mask, direct)
         if cfg.hidden:
             total = total + cfg.hidden * hidden_loss(
                 s_out.hidden_states, t_out.hidden_states, projections.mapping, projections, mask

@@ -1,0 +1,107 @@
+"""A general student's starting point: a smaller encoder of the teacher's family at a chosen shape (layers, hidden
+size, heads, FFN width), either cut from the pre-trained teacher or initialised at random.
+
+Cut from the teacher: its layers are picked as distillation picks them (`uniform`: every k-th, ending with the
+top one), each layer keeps its most important heads and FFN neurons (`compaction.narrow_`, by weight norms), and
+the hidden size, which every matrix shares, keeps the dimensions that carry the most weight: a dimension's score
+sums, over every tensor that has it, the tensor's mean square at that dimension over its mean square overall (so a
+small LayerNorm counts as much as a large matrix). Heads are kept whole, so a narrower hidden size keeps
+hidden / head size heads. A student of the teacher's own shape is the teacher, unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.compress.compaction import cut_from
+from pipeline.compress.methods.distill.config import StudentConfig
+from pipeline.compress.methods.distill.students import pick_layers
+from pipeline.errors import PipelineError
+from pipeline.models.families import family_for, family_of
+from pipeline.models.layers import encoder_layers
+
+PER_LAYER_RECORDS = ("intermediate_sizes", "layer_heads")
+
+
+def student_config(teacher_config: Any, layers: int, hidden: int, heads: int, ffn: int) -> Any:
+    """The teacher's config at the student's uniform shape (vocabulary, positions, activation: the teacher's)."""
+    family = family_for(teacher_config.model_type)
+    config = copy.deepcopy(teacher_config)
+    for key in PER_LAYER_RECORDS:
+        if hasattr(config, key):
+            delattr(config, key)
+    setattr(config, family.layers_field, layers)
+    config.hidden_size, config.num_attention_heads = hidden, heads
+    setattr(config, family.ffn_field, ffn)
+    return config
+
+
+def default_heads(teacher: nn.Module, hidden: int) -> int:
+    """Heads of the teacher's head size that fill `hidden`."""
+    size = family_of(teacher).head_size(encoder_layers(teacher)[0])
+    if hidden % size:
+        raise PipelineError(f"hidden size {hidden} is not a multiple of the teacher's head size {size}")
+    return hidden // size
+
+
+def build_general_student(teacher: nn.Module, shape: dict[str, int], init: str, seed: int) -> tuple[nn.Module, dict]:
+    """A base encoder (no task head) at `shape` {layers, hidden, heads, ffn}, and how it was made.
+
+    Weights of the student that the cut teacher lacks (a pooler the teacher did not load) keep their random
+    initialisation; weights of the cut teacher that the student's structure lacks (ModernBERT's first layer has no
+    attention norm, so the picked layer's goes) are dropped. Both are listed in the report.
+    """
+    from transformers import AutoModel
+
+    config = student_config(teacher.config, shape["layers"], shape["hidden"], shape["heads"], shape["ffn"])
+    torch.manual_seed(seed)
+    student = AutoModel.from_config(config)
+    if init == "random":
+        return student, {"init": "random", "seed": seed}
+    keep = pick_layers(len(encoder_layers(teacher)), StudentConfig(layers=shape["layers"]))
+    cut, _ = cut_from(teacher, keep, shape["heads"], shape["ffn"])
+    mine, theirs = student.state_dict(), cut.state_dict()
+    shared = {k: v for k, v in theirs.items() if k in mine}
+    state, hidden_kept = sliced_to(shared, {k: mine[k] for k in shared}, teacher.config.hidden_size)
+    student.load_state_dict({**mine, **state}, strict=True)
+    info = {"init": "teacher", "teacher_layers": keep, "hidden_kept": hidden_kept}
+    info["random"] = sorted(set(mine) - set(theirs))
+    info["dropped"] = sorted(set(theirs) - set(mine))
+    return student, info
+
+
+def sliced_to(
+    source: dict[str, torch.Tensor], target: dict[str, torch.Tensor], width: int
+) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """`source` (the cut teacher) with its hidden dimensions narrowed to the target's shapes, the most important
+    kept (in their order); returns it and the kept dimensions. Any other difference is an error."""
+    narrow = {
+        k: [d for d, (a, b) in enumerate(zip(v.shape, target[k].shape, strict=True)) if a != b]
+        for k, v in source.items()
+    }
+    hidden = next((target[k].shape[dims[0]] for k, dims in narrow.items() if dims), width)
+    for k, dims in narrow.items():
+        for d in dims:
+            if (source[k].shape[d], target[k].shape[d]) != (width, hidden):
+                raise PipelineError(
+                    f"cannot initialise the student from the teacher: {k} is {tuple(source[k].shape)} in the cut "
+                    f"teacher and {tuple(target[k].shape)} in the student (only the hidden size may differ: "
+                    "keep the teacher's head size, or use init random)"
+                )
+    score = torch.zeros(width, dtype=torch.float64)
+    for k, dims in narrow.items():
+        w = source[k].detach().double().pow(2)
+        total = w.mean().clamp_min(1e-30)
+        for d in dims:
+            score += w.transpose(0, d).reshape(width, -1).mean(1) / total
+    kept = score.argsort(descending=True)[:hidden].sort().values
+    out = {}
+    for k, v in source.items():
+        for d in narrow[k]:
+            v = v.index_select(d, kept)
+        out[k] = v.clone()
+    return out, kept.tolist()

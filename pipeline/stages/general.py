@@ -1,0 +1,135 @@
+"""The general-student stage: task-agnostic distillation of a pre-trained encoder into a smaller one on unlabelled
+text, once, for every task (`pipeline distill-general`).
+
+The teacher is the pre-trained base model (never a task's fine-tuned one) and the data is the corpus only, so no
+downstream task's data is seen; a student's quality is measured by fine-tuning it on a task (`pipeline deploy
+--model STUDENT`). The student is cached like a teacher (keyed by the base model's files, the corpus lines used and
+the config) and its training checkpoints every N steps, so a killed run resumes (`pipeline.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.compress.methods.distill.config import GeneralConfig
+from pipeline.compress.methods.distill.general_student import build_general_student
+from pipeline.compress.methods.distill.losses import DirectProjections, layer_mapping
+from pipeline.compress.methods.distill.stage import distill_loss
+from pipeline.data.corpus import encode_corpus, read_corpus
+from pipeline.models.folders import check_model_dir, load_tokenizer
+from pipeline.models.layers import encoder_layers
+from pipeline.train.loop import resolve_device, train
+from pipeline.train.losses import HiddenProjections
+
+log = logging.getLogger(__name__)
+
+# Bump when a change alters what the stage produces, to invalidate its cache entries.
+GENERAL_VERSION = "1"
+CARD = "README.md"
+
+
+def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> dict:
+    """The general student of `model_dir` at `cfg`'s shape, distilled on the corpus (cached); returns its report."""
+    shape = cfg.preflight(check_model_dir(model_dir))
+    corpus = read_corpus(corpus_dir, cfg.corpus_lines)
+    key = key_of(
+        stage="general",
+        v=GENERAL_VERSION,
+        model=dir_digest(Path(model_dir)),
+        corpus=corpus.fingerprint,
+        cfg=cfg.model_dump(),
+    )
+
+    def build(out: Path) -> None:
+        from transformers import AutoModel
+
+        tokenizer = load_tokenizer(model_dir)
+        teacher = AutoModel.from_pretrained(model_dir).eval().requires_grad_(False)
+        student, made = build_general_student(teacher, shape, cfg.init, cfg.train.seed)
+        encoded = encode_corpus(tokenizer, corpus, cfg.max_length)
+        device = resolve_device(cfg.train.device)
+        projections = direct = None
+        params = list(student.named_parameters())
+        if cfg.hidden:
+            mapping = layer_mapping(cfg.hidden_mapping, len(encoder_layers(teacher)), shape["layers"])
+            projections = HiddenProjections(mapping, shape["hidden"], teacher.config.hidden_size).to(device)
+            params += projections.named_parameters(prefix="proj")
+        if cfg.direct:
+            direct = DirectProjections(cfg.relation_heads, shape["hidden"], _qkv_width(teacher)).to(device)
+            params += direct.named_parameters(prefix="direct")
+        began = time.perf_counter()
+        result = train(
+            student,
+            encoded,
+            None,
+            cfg.train,
+            teacher=teacher,
+            params=params,
+            loss_fn=distill_loss(cfg, teacher, projections, task=False, direct=direct),
+            desc="general distillation",
+        )
+        student.save_pretrained(str(out), safe_serialization=True)
+        tokenizer.save_pretrained(str(out))
+        report = {
+            "base_model": str(model_dir),
+            "corpus": {"path": str(corpus_dir), "files": corpus.files, "paragraphs": len(corpus)},
+            "shape": shape,
+            "made": made,
+            "config": cfg.model_dump(mode="json"),
+            "training": result.report(),
+            "seconds": round(time.perf_counter() - began, 1),
+        }
+        write_report(out, report)
+        (out / CARD).write_text(model_card(report))
+
+    path, hit = cached_build(Path(cache_dir), "general", key, build)
+    log.info("general student: %s (%s)", path, "cached" if hit else "distilled now")
+    return {"path": str(path), "cached": hit, **read_report(path)}
+
+
+def _qkv_width(model: torch.nn.Module) -> int:
+    return model.config.num_attention_heads * (model.config.hidden_size // model.config.num_attention_heads)
+
+
+def model_card(report: dict) -> str:
+    """How the student was made and from what: what a user reusing it for a task needs to know."""
+    cfg, shape, training, made = report["config"], report["shape"], report["training"], report["made"]
+    losses = [
+        name
+        for name, on in (
+            (f"MiniLMv2 relations {'/'.join(cfg['relation_pairs'])} x{cfg['relation']}", cfg["relation"]),
+            (f"hidden states ({cfg['hidden_mapping']} mapping) x{cfg['hidden']}", cfg["hidden"]),
+            (f"DirectMiniLM x{cfg['direct']}", cfg["direct"]),
+        )
+        if on
+    ]
+    meta = {"library_name": "transformers", "tags": ["general-distillation", "task-agnostic"]}
+    return "\n".join(
+        [
+            "---",
+            yaml.safe_dump(meta, sort_keys=False).strip(),
+            "---",
+            "# A general (task-agnostic) student",
+            "",
+            f"Distilled from `{report['base_model']}` on unlabelled text only ({report['corpus']['paragraphs']:,} "
+            f"paragraphs of `{report['corpus']['path']}`, at most {cfg['max_length']} tokens each); no task's data.",
+            "",
+            f"- shape: {shape['layers']} layers x hidden {shape['hidden']}, {shape['heads']} heads, "
+            f"FFN {shape['ffn']}",
+            f"- initialised: {made['init']}"
+            + (f" (teacher layers {made['teacher_layers']})" if made["init"] == "teacher" else ""),
+            f"- losses: {'; '.join(losses)}; relation heads {cfg['relation_heads']}, teacher layer "
+            f"{cfg['teacher_layer'] or 'last'}",
+            f"- training: {training['steps']} steps at batch {cfg['train']['batch_size']}, lr {cfg['train']['lr']}, "
+            f"{training['seconds']} s; final loss {training['final_loss']}",
+            "",
+            "Fine-tune it for a task with `pipeline deploy --model THIS_FOLDER --method ... --task ...`.",
+            "",
+        ]
+    )
