@@ -9,6 +9,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer, pipeline
 
+from pipeline.pareto import pareto_report
 from tests.helpers import ServerProcess, quick_deploy, sample_sentences
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
@@ -68,6 +69,10 @@ def test_a_span_task_deploys_and_its_artifact_answers_alike_everywhere(kind, met
     assert set(dev) == ({"precision", "recall", "f1"} if kind == "token-classification" else {"exact_match", "f1"})
     config = json.loads((artifact / "config.json").read_text())
     assert config["encoder_deploy_task"]["kind"] == kind and config["encoder_deploy_task"]["metric"] == "f1"
+    front = pareto_report([("run", artifact)], [], max_metric_drop=100.0)  # a sweep's pick reads the kind's metric
+    assert front["metric"] == "f1" and front["selected"] == str(artifact)
+    assert [p["validation"] for p in front["points"] if p["artifact"]] == [report["validation"]["metrics"][
+        "validation"]["onnx_int8"]["f1"]]  # fmt: skip
     assert config["encoder_deploy_task"]["max_length"] == 128  # trained at: the server's default
 
     tok = AutoTokenizer.from_pretrained(artifact)

@@ -163,3 +163,17 @@ def test_a_sweep_over_the_users_own_task(base_dirs, tmp_path):
     both = write_sweep(tmp_path / "both.yaml", base_dirs["bert"], task_file="intents.yaml")
     with pytest.raises(PipelineError, match="name one task: --task or --task-file"):
         load_sweep(both, str(tmp_path / "out"))
+
+
+def test_a_sweep_over_token_and_span_tasks(base_dirs, tmp_path):
+    """A NER or QA task file, or a built-in one, gives every run of a sweep its kind (and so its metric)."""
+    (tmp_path / "ner.yaml").write_text("name: people\nkind: token-classification\ntrain: t.jsonl\ndev: t.jsonl\n"
+                                       "labels: [O, B-PER, I-PER]\n")  # fmt: skip
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps({"tokens": ["Ann", "ran"], "tags": ["B-PER", "O"]})
+                                               for _ in range(40)))  # fmt: skip
+    sweep = write_sweep(tmp_path / "sweep.yaml", base_dirs["bert"], task=None, task_file="ner.yaml", data_dir=None)
+    runs = load_sweep(sweep, str(tmp_path / "out"))
+    assert len(runs) == 3
+    for _, request in runs:
+        data = request.data.load()
+        assert data.task.kind == "token-classification" and data.task.metric == "f1"
