@@ -266,6 +266,68 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
     return {"device": device, "cells": cells, "skipped": skipped, "machine": machine}
 
 
+def real_lengths(
+    models: dict[str, str | Path],
+    batches: list[dict[str, np.ndarray]],
+    rounds: int,
+    threads: int | None = None,
+    busy_cores: float = 0.25,
+) -> dict:
+    """Throughput on real inputs: every batch (already padded to its own longest, as the server pads) through
+    every model on the CPU, interleaved batch by batch with a rotating start, `rounds` times; per model the median
+    round's wall time over the whole set, its examples per second and padded tokens per batch on average."""
+    threads = threads or physical_cores()
+    sessions = _open_sessions(models, CPU, threads, [])
+    names = list(sessions)
+    feeds = [{n: _typed(sessions[n], batch) for n in names} for batch in batches]
+    for n in names:  # warm-up: one pass over a few batches
+        for f in feeds[:3]:
+            sessions[n].run(None, f[n])
+    totals: dict[str, list[float]] = {n: [] for n in names}
+    before = load_sample()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            spent = dict.fromkeys(names, 0.0)
+            for i, f in enumerate(feeds):
+                for k in range(len(names)):
+                    name = names[(i + k) % len(names)]
+                    t0 = time.perf_counter()
+                    sessions[name].run(None, f[name])
+                    spent[name] += time.perf_counter() - t0
+            for n in names:
+                totals[n].append(spent[n])
+    finally:
+        gc.enable()
+    others = others_cores(before, load_sample())
+    examples = sum(len(b["input_ids"]) for b in batches)
+    tokens = sum(b["input_ids"].size for b in batches) / max(1, len(batches))
+    out = {}
+    for n in names:
+        seconds = float(np.median(totals[n]))
+        out[n] = {"seconds": round(seconds, 6), "examples_per_s": round(examples / seconds, 1)}
+    return {
+        "examples": examples,
+        "batches": len(batches),
+        "mean_padded_tokens_per_batch": round(tokens, 1),
+        "rounds": rounds,
+        "threads": threads,
+        "others_cores": round(others, 3),
+        "busy": is_busy(others, threads, busy_cores),
+        "models": out,
+    }
+
+
+def _typed(sess: ort.InferenceSession, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The batch's arrays the session reads, in the integer type it declares."""
+    feeds = {}
+    for i in sess.get_inputs():
+        a = batch[i.name]
+        feeds[i.name] = a.astype(np.int32) if i.type == "tensor(int32)" else a.astype(np.int64)
+    return feeds
+
+
 def speedups(result: dict, baseline: str = "dense") -> list[dict]:
     """p50 speedup (baseline p50 / model p50) per (provider, batch, seq) and model."""
     base = {(c["provider"], c["batch"], c["seq"]): c["p50_ms"] for c in result["cells"] if c["model"] == baseline}

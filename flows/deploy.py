@@ -163,7 +163,7 @@ def _validate(request: DeployRequest, run: Run, folder: Path) -> dict:
 def _bench(request: DeployRequest, run: Run, folder: Path) -> dict:
     target = run.config.target  # the report leads with the target's shape (8 x 128; question answering's 8 x 384)
     return run.timed("bench", stage_tasks.bench, str(folder), run.teacher["path"], run.config.bench,
-                     (target.batch, target.seq))  # fmt: skip
+                     (target.batch, target.seq), request.data)  # fmt: skip
 
 
 class Step(NamedTuple):

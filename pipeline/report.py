@@ -166,7 +166,31 @@ def render_markdown(report: dict) -> str:
                     f"{_fmt(bound) + '×' if bound else ''} | {_fmt(frac) if frac else ''} |"
                 )
         lines += ["", f"![latency]({s['plot']})", ""]
+        lines += _real_length_lines(s.get("real_lengths"))
     t = report.get("timings", {})
     if t:
         lines += ["## Timings (s)", "", ", ".join(f"{k} {_fmt(x, 1)}" for k, x in t.items()), ""]
     return "\n".join(lines)
+
+
+def _real_length_lines(real: dict | None) -> list[str]:
+    """The dev set's real inputs, padded per batch as the server pads: the second headline, beside 8 x 128."""
+    if not real:
+        return []
+    lines = [
+        "### Real lengths",
+        "",
+        f"The first {real['examples']} dev inputs in order, {real['batch']} at a time, each batch padded to its "
+        f"longest (mean {real['mean_padded_tokens_per_batch']} padded tokens per batch, at most "
+        f"{real['max_length']} per input); the median of {real['rounds']} interleaved passes."
+        + (" **The machine was busy while timing.**" if real.get("busy") else ""),
+        "",
+        "| model | examples/s | vs dense fp32 | vs dense int8 |",
+        "|---|---|---|---|",
+    ]
+    for name, r in real["models"].items():
+        lines.append(
+            f"| {name} | {_fmt(r['examples_per_s'], 1)} | {_fmt(r['speedup'])}× | "
+            f"{_fmt(r['speedup_vs_dense_int8'])}× |"
+        )
+    return [*lines, ""]

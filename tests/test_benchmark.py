@@ -329,3 +329,19 @@ def test_report_md_shows_the_teachers_widths_for_a_model_compressed_narrow(class
     assert "FFN widths 64×2 (teacher) → 64, 16 (artifact); heads 2×2 → 2×2" in md
     assert speed["shapes"]["dense"]["ffn"] == [64, 64] and speed["shapes"]["compressed"]["ffn"] == [64, 16]
     assert ("Quiet machine" in md) != ("Busy machine" in md)  # a real run says which it was
+
+
+def test_real_lengths_run_every_batch_through_every_model_at_its_own_padding(models):
+    rng = np.random.default_rng(0)
+    batches = []
+    for width in (5, 9, 3):  # each batch padded to its own longest, as the server pads
+        ids = rng.integers(5, VOCAB, size=(2, width))
+        mask = np.ones_like(ids)
+        mask[1, width - 2 :] = 0
+        batches.append({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+    out = bench_module.real_lengths(models, batches, rounds=2, threads=1)
+    assert out["examples"] == 6 and out["batches"] == 3 and out["rounds"] == 2
+    assert out["mean_padded_tokens_per_batch"] == round((10 + 18 + 6) / 3, 1)
+    assert set(out["models"]) == set(models)
+    for r in out["models"].values():
+        assert r["seconds"] > 0 and r["examples_per_s"] == pytest.approx(6 / r["seconds"], rel=0.01)

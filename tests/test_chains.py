@@ -59,6 +59,11 @@ def test_method_none_ships_the_dense_teacher_against_dense_int8(classifier_dirs,
     assert metrics["dev"]["onnx_int8"] == metrics["dev"]["teacher_onnx_int8"]  # the same graph, quantised alike
     ratios = {r["model"]: r for r in report["speed"]["speedups"]}
     assert ratios["compressed-int8"]["speedup_vs_dense_int8"] is not None
+    real = report["speed"]["real_lengths"]  # the dev set's own sentences, padded per batch of the headline's 8
+    assert real["examples"] == report["validation"]["examples"]["dev"] and real["batch"] == 8
+    assert set(real["models"]) == {"dense", "dense-int8", "compressed", "compressed-int8"}
+    assert real["models"]["dense"]["speedup"] == 1.0 and real["models"]["dense-int8"]["speedup_vs_dense_int8"] == 1.0
+    assert "### Real lengths" in (artifact / "report.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -206,6 +206,9 @@ class BenchSettings(FrozenModel):
         providers: execution providers to run; None means CPU, plus CUDA when available.
         busy_cores: the machine counts as busy when other processes held more than this many cores on average
             while timing, beyond the physical cores the benchmark leaves idle (`export.benchmark.is_busy`).
+        real_length_rounds: passes over the dev set's real inputs (the first `real_length_examples`, in order,
+            batched at the headline batch size and padded per batch as the server pads), timed beside the fixed
+            shapes; 0: not timed.
     """
 
     batch_sizes: tuple[BatchSize, ...] = Field((1, 8, 32), min_length=1)
@@ -217,6 +220,8 @@ class BenchSettings(FrozenModel):
     threads: int | None = Field(None, ge=1)
     providers: tuple[str, ...] | None = None
     busy_cores: float = Field(0.25, ge=0, le=1024)
+    real_length_rounds: int = Field(3, ge=0, le=100)
+    real_length_examples: int = Field(1000, ge=1)
 
 
 class Gates(FrozenModel):

@@ -6,13 +6,15 @@ import json
 import logging
 from pathlib import Path
 
-from export.benchmark import benchmark, encoder_flops, plot_latency, speedups
+from export.benchmark import benchmark, encoder_flops, plot_latency, real_lengths, speedups
 from pipeline.config.schema import BenchSettings
+from pipeline.data.encoding import collate, encode
+from pipeline.data.loaders import DataRef
 from pipeline.models.families import arch_of
-from pipeline.models.folders import param_count
+from pipeline.models.folders import load_tokenizer, param_count
 from pipeline.stages.export import DENSE_GRAPHS
 from pipeline.stages.package import WORK
-from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH
+from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH, TASK_KEY, trained_length
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,16 @@ def flops(shapes: dict, seq: int) -> int:
     )
 
 
-def run(staging: str, teacher_dir: str, settings: BenchSettings, headline: tuple[int, int] = HEADLINE) -> dict:
+def run(
+    staging: str,
+    teacher_dir: str,
+    settings: BenchSettings,
+    headline: tuple[int, int] = HEADLINE,
+    ref: DataRef | None = None,
+) -> dict:
     """Benchmark dense and compressed graphs, compute FLOP bounds, and plot `latency.png` into `staging`.
-    `headline`: the (batch, sequence) cell the report leads with (the deploy's speed-target shape)."""
+    `headline`: the (batch, sequence) cell the report leads with (the deploy's speed-target shape); `ref`: the
+    task's data, whose dev inputs are also timed at their real lengths (`real_lengths`)."""
     staging_path = Path(staging)
     dense, comp = model_shapes(teacher_dir), model_shapes(staging_path / PYTORCH)
     models = {
@@ -70,16 +79,42 @@ def run(staging: str, teacher_dir: str, settings: BenchSettings, headline: tuple
     }
     for r in ratios:  # dense int8 is the one-command alternative a user weighs the artifact against
         r["speedup_vs_dense_int8"] = vs_int8.get((r["provider"], r["batch"], r["seq"], r["model"]))
-    headline = {
+    lead = {
         r["model"]: r for r in ratios if (r["batch"], r["seq"]) == tuple(headline) and r["provider"].startswith("CPU")
     }
     return {
         **result,
         "speedups": ratios,
-        "headline": headline,
+        "headline": lead,
         "flops_per_sequence": {s: {"dense": flops(dense, s), "compressed": flops(comp, s)} for s in settings.seq_lens},
         "flop_bound": bounds,
         "params": {"dense": param_count(teacher_dir), "compressed": param_count(staging_path / PYTORCH)},
         "shapes": {"dense": dense, "compressed": comp},  # per-layer heads and FFN widths, the FLOPs' inputs
         "plot": plot.name,
+        "real_lengths": real_length_speed(models, staging_path, settings, headline[0], ref),
     }
+
+
+def real_length_speed(
+    models: dict, staging: Path, settings: BenchSettings, batch: int, ref: DataRef | None
+) -> dict | None:
+    """The dev set's first inputs as the server would run them (in order, `batch` at a time, each batch padded to
+    its longest, at the artifact's trained length), through all four graphs: examples per second and the speedups
+    against dense fp32 and dense int8. None without data or with `real_length_rounds` 0."""
+    if ref is None or not settings.real_length_rounds:
+        return None
+    data = ref.load()
+    tokenizer = load_tokenizer(staging)
+    block = json.loads((staging / CONFIG).read_text()).get(TASK_KEY, {})
+    enc = encode(tokenizer, data.dev, trained_length(block))
+    n = min(len(enc), settings.real_length_examples)
+    batches = []
+    for start in range(0, n, batch):
+        tensors = collate(enc, list(range(start, min(n, start + batch))))
+        batches.append({k: v.numpy() for k, v in tensors.items() if k != "labels"})
+    result = real_lengths(models, batches, settings.real_length_rounds, settings.threads, settings.busy_cores)
+    speeds = {m: r["examples_per_s"] for m, r in result["models"].items()}
+    for m, r in result["models"].items():
+        r["speedup"] = round(speeds[m] / speeds["dense"], 3)
+        r["speedup_vs_dense_int8"] = round(speeds[m] / speeds["dense-int8"], 3)
+    return {"batch": batch, "max_length": trained_length(block), **result}
