@@ -89,3 +89,24 @@ def test_a_bad_interval_is_one_line(monkeypatch):
     monkeypatch.setenv(checkpoints.ENV, "often")
     with pytest.raises(PipelineError, match="PIPELINE_CHECKPOINT_EVERY='often'"):
         checkpoints.interval()
+
+
+def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_dirs, tmp_path):
+    from pipeline.config.schema import TrainConfig
+
+    assert "precision" not in TrainConfig().model_dump()  # fp32 stages keep the keys they had before bf16 existed
+    assert TrainConfig(precision="bf16").model_dump()["precision"] == "bf16"
+    base = ["config.layers=[1]", "config.tune_steps=0", *(f"config.{o}" for o in STEPS)]
+    fp32, bf16 = (
+        compress(
+            build_deploy_config("mlp_fusion", "sst2", overrides=base + extra),
+            str(classifier_dirs["bert"]),
+            DATA,
+            str(tmp_path / "cache"),
+        )
+        for extra in ([], ["config.train.precision=bf16"])
+    )
+    assert bf16["path"] != fp32["path"]  # another entry: precision is part of a bf16 stage's key
+    a, b = (load_model(r["path"]).state_dict() for r in (bf16, fp32))
+    assert all(torch.isfinite(v).all() for v in a.values())
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the steps ran in another precision

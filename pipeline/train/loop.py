@@ -133,6 +133,7 @@ def train(
         log.info("%s: finished before, restored from %s", desc, saver.phase.path)
         return _finish(model, teacher, result)
     step, running, skip = (resumed.step, resumed.running, resumed.position) if resumed else (0, None, 0)
+    bf16 = cfg.precision == "bf16"  # mixed precision: the forward and the losses under autocast, the step in fp32
     start = time.perf_counter() - result.seconds
     bar = tqdm(
         total=steps, initial=step, desc=desc, unit="step", dynamic_ncols=True, mininterval=1.0, disable=None
@@ -145,7 +146,8 @@ def train(
             batch = {k: v.to(device) for k, v in batch.items()}
             if before_step is not None:
                 before_step(step)
-            loss = loss_fn(model, batch)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = loss_fn(model, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
             opt.step()
