@@ -172,19 +172,13 @@ def _request(
     method, task, *, set_, teacher_steps, steps, max_train, max_dev, bench_runs, target_speedup, output, **kw
 ):
     """The checked DeployRequest for `deploy`'s options (shortcut options become recipe overrides)."""
+    from pipeline.config.recipes import shortcut_overrides
     from pipeline.request import prepare_request
 
-    overrides = list(set_ or [])
-    for key, value in (
-        ("teacher.max_steps", teacher_steps),
-        ("config.train.max_steps", steps),
-        ("data.max_train", max_train),
-        ("data.max_dev", max_dev),
-        ("bench.max_runs", bench_runs),
-        ("target.speedup", target_speedup),
-    ):
-        if value is not None:
-            overrides.append(f"{key}={value}")
+    overrides = shortcut_overrides(set_, {
+        "teacher.max_steps": teacher_steps, "config.train.max_steps": steps, "data.max_train": max_train,
+        "data.max_dev": max_dev, "bench.max_runs": bench_runs, "target.speedup": target_speedup,
+    })  # fmt: skip
     return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)
 
 

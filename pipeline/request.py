@@ -14,7 +14,13 @@ from pipeline.cache import default_cache_dir
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.registry import chain_configs, parse_chain
 from pipeline.compress.shapes import check_target_chain
-from pipeline.config.recipes import apply_override, load_recipe, read_yaml_mapping, resolve_recipe
+from pipeline.config.recipes import (
+    apply_override,
+    load_recipe,
+    read_yaml_mapping,
+    resolve_recipe,
+    shortcut_overrides,
+)
 from pipeline.config.schema import CustomTask, DeployConfig, parse
 from pipeline.data.corpus import read_corpus
 from pipeline.data.loaders import DataRef, resolve_source
@@ -200,18 +206,9 @@ def prepare_general(
 ) -> tuple[str, str, GeneralConfig, str, str]:
     """The checked arguments of the general-student flow: (model folder, corpus folder, config, cache, output)."""
     data = read_yaml_mapping(resolve_recipe("general", recipe or "default"), "recipe")
-    overrides = list(set_ or [])
-    for key, value in (
-        ("student.layers", layers),
-        ("student.hidden", hidden),
-        ("student.heads", heads),
-        ("student.ffn", ffn),
-        ("init", init),
-        ("train.max_steps", steps),
-    ):
-        if value is not None:
-            overrides.append(f"{key}={value}")
-    for assignment in overrides:
+    shortcuts = {"student.layers": layers, "student.hidden": hidden, "student.heads": heads, "student.ffn": ffn,
+                 "init": init, "train.max_steps": steps}  # fmt: skip
+    for assignment in shortcut_overrides(set_, shortcuts):
         apply_override(data, assignment)
     cfg = parse(GeneralConfig, data, "recipe")
     model_dir = str(model or default_model_path())

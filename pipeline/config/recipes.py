@@ -95,6 +95,11 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         raise PipelineError(f"override {assignment!r}: value is not valid YAML") from None
 
 
+def shortcut_overrides(overrides: list[str] | None, shortcuts: dict[str, Any]) -> list[str]:
+    """`overrides` followed by `key=value` for each command-line shortcut that was given (not None)."""
+    return [*(overrides or []), *(f"{key}={value}" for key, value in shortcuts.items() if value is not None)]
+
+
 CHAIN_SEP = "+"
 
 

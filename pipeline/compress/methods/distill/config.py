@@ -35,7 +35,21 @@ class StudentConfig(FrozenModel):
     path: str | None = None
 
 
-class DistillConfig(MethodConfig):
+RelationPair = Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]
+
+
+class TransferLosses(FrozenModel):
+    """The settings of the transfer losses task and general distillation share (see `DistillConfig`)."""
+
+    relation: float = Field(1.0, ge=0)
+    relation_heads: int = Field(48, ge=1)
+    relation_pairs: list[RelationPair] = Field(default_factory=lambda: ["QQ", "KK", "VV"])
+    teacher_layer: int | None = Field(None, ge=1)
+    hidden: float = Field(0.0, ge=0)
+    hidden_mapping: HiddenMapping = "uniform"
+
+
+class DistillConfig(TransferLosses, MethodConfig):
     """Distillation into a smaller student: MiniLMv2 relations, hidden-state and output transfer.
 
     Papers: MiniLMv2 (arXiv 2012.15828): Q-Q, K-K, V-V self-attention relations of one teacher layer into the
@@ -65,14 +79,6 @@ class DistillConfig(MethodConfig):
     name: ClassVar[str] = "distill"
 
     student: StudentConfig = StudentConfig()
-    relation: float = Field(1.0, ge=0)
-    relation_heads: int = Field(48, ge=1)
-    relation_pairs: list[Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]] = Field(
-        default_factory=lambda: ["QQ", "KK", "VV"]
-    )
-    teacher_layer: int | None = Field(None, ge=1)
-    hidden: float = Field(0.0, ge=0)
-    hidden_mapping: HiddenMapping = "uniform"
     transfer_steps: int = Field(300, ge=0)
     transfer_lr: float = Field(1e-4, gt=0)
     train: TrainConfig = TrainConfig(max_steps=600, epochs=3, lr=1e-4, kd_alpha=0.5, kd_temperature=2.0)
@@ -183,7 +189,7 @@ class StudentShape(FrozenModel):
         return {"layers": self.layers, "hidden": hidden, "heads": heads, "ffn": ffn}
 
 
-class GeneralConfig(FrozenModel):
+class GeneralConfig(TransferLosses):
     """Task-agnostic distillation of a pre-trained encoder into a general student, on unlabelled text.
 
     The losses are distill's (MiniLMv2 relations, hidden states through learned projections under a layer
@@ -203,14 +209,7 @@ class GeneralConfig(FrozenModel):
 
     student: StudentShape = StudentShape()
     init: Literal["teacher", "random"] = "teacher"
-    relation: float = Field(1.0, ge=0)
-    relation_heads: int = Field(32, ge=1)
-    relation_pairs: list[Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]] = Field(
-        default_factory=lambda: ["QQ", "KK", "VV"]
-    )
-    teacher_layer: int | None = Field(None, ge=1)
-    hidden: float = Field(0.0, ge=0)
-    hidden_mapping: HiddenMapping = "uniform"
+    relation_heads: int = Field(32, ge=1)  # divides 384 and 256, the MiniLM teacher's and a 4 x 256 student's widths
     direct: float = Field(0.0, ge=0)
     max_length: int = Field(128, ge=8, le=4096)
     corpus_lines: int | None = Field(None, ge=1)
