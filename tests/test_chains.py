@@ -49,7 +49,8 @@ def test_a_chain_runs_end_to_end_with_each_stage_cached_and_exact_compaction(tmp
 
 @pytest.mark.e2e
 def test_method_none_ships_the_dense_teacher_against_dense_int8(classifier_dirs, tmp_path):
-    _, artifact = quick_deploy("none", classifier_dirs["bert"], tmp_path, "--set", "export.int8=static")
+    _, artifact = quick_deploy("none", classifier_dirs["bert"], tmp_path, "--set", "export.int8=static",
+                               "--set", "bench.real_length_rounds=1")  # fmt: skip
     report = json.loads((artifact / "report.json").read_text())
     assert report["export"]["compressed"]["int8"] == "static" and report["export"]["dense"]["int8"] == "static"
     assert report["compress"]["stages"] == [] and report["compaction"]["removed_heads"] == [0, 0]

@@ -46,7 +46,7 @@ def sigkill(proc: subprocess.Popen) -> None:
 def test_a_chain_killed_mid_stage_resumes_from_its_finished_stages(tmp_path):
     model = write_tiny_model_dir(tmp_path / "tiny4", layers=4, heads=4)
     args, env = quick_args("distill+smp", model, tmp_path, *CHAIN, *LOOSE_GATES)
-    env[checkpoints.ENV] = "50"
+    env[checkpoints.ENV] = "30"
     log = tmp_path / "killed.log"
     proc = start_cli(args, env, log)
     # the first stage is finished and cached once the second one checkpoints
