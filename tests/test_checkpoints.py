@@ -16,7 +16,10 @@ DATA = DataRef("sst2", "sample", None, 64, 16)  # 64 sentences at batch 8: an ep
 STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]
 # Each method's phases are 12 steps or fewer; the kill lands mid-epoch of the last phase, after a checkpoint.
 METHODS = {
-    "distill": (["student.layers=1", "relation_heads=4", "hidden=1.0", "transfer_steps=6"], 6 + 9),
+    "distill": (
+        ["student.layers=1", "relation_heads=4", "hidden=1.0", "transfer_steps=6", "train.group_by_length=true"],
+        6 + 9,
+    ),
     "smp": (["sparsity=0.5", "recover_steps=10", "prune_steps=6"], 12 + 7),
     "gmp": (["sparsity=0.5", "prune_every=2", "train.cycles=3", "dense_cycles=1"], 9),
     "mlp_fusion": (["layers=[1]", "tune_steps=6"], 6 + 11),
@@ -110,3 +113,21 @@ def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_d
     a, b = (load_model(r["path"]).state_dict() for r in (bf16, fp32))
     assert all(torch.isfinite(v).all() for v in a.values())
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the steps ran in another precision
+
+
+def test_grouping_by_length_keeps_every_example_once_and_pads_less():
+    from pipeline.data.encoding import Encoded, iter_batches
+
+    rng = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 60, (500,), generator=rng).tolist()
+    enc = Encoded([{"input_ids": [7] * n, "attention_mask": [1] * n} for n in lengths], list(range(500)), 0)
+
+    def batches(group: bool, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        return list(iter_batches(enc, 8, shuffle=True, generator=g, group_by_length=group))
+
+    grouped, plain = batches(True), batches(False)
+    assert sorted(int(x) for b in grouped for x in b["labels"]) == list(range(500))  # each example once
+    assert sum(b["input_ids"].numel() for b in grouped) < 0.6 * sum(b["input_ids"].numel() for b in plain)
+    assert [b["labels"].tolist() for b in batches(True)] == [b["labels"].tolist() for b in grouped]  # seeded
+    assert [b["labels"].tolist() for b in batches(True, 1)] != [b["labels"].tolist() for b in grouped]

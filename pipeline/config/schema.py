@@ -41,6 +41,9 @@ class FrozenModel(BaseModel):
 UNCAPPED_EPOCHS = 1e9  # a phase's step count is its whole budget, however small the training set
 
 
+NEWER_DEFAULTS = {"precision": "fp32", "group_by_length": False}  # TrainConfig fields added after stages were cached
+
+
 class TrainConfig(FrozenModel):
     """Budget and optimiser of the shared training loop.
 
@@ -64,6 +67,8 @@ class TrainConfig(FrozenModel):
         precision: `fp32`, or `bf16` mixed precision (autocast: matmuls in bfloat16, weights, optimiser and the
             losses' softmaxes in float32); 2.3x faster training steps on a CPU with AVX-512 BF16 at 12 x 768. Left
             out of the serialised config while `fp32`, so the cache keys of fp32 stages stay what they were.
+        group_by_length: batch examples of similar length together (within spans of 50 batches, the batches then
+            shuffled), so batches pad less; left out of the serialised config while off, as `precision` is.
     """
 
     max_steps: int = Field(300, ge=0)
@@ -81,12 +86,15 @@ class TrainConfig(FrozenModel):
     seed: int = 0
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
     precision: Literal["fp32", "bf16"] = "fp32"
+    group_by_length: bool = False
 
     @model_serializer(mode="wrap")
-    def _default_precision_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _newer_defaults_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Settings added after stages were cached are left out at their defaults: those stages keep their keys."""
         data = handler(self)
-        if data.get("precision") == "fp32":
-            del data["precision"]
+        for key, default in NEWER_DEFAULTS.items():
+            if data.get(key) == default:
+                del data[key]
         return data
 
     def phase(self, max_steps: int, lr: float, **updates: Any) -> TrainConfig:

@@ -142,9 +142,28 @@ def collate(enc: Encoded, idx: list[int]) -> dict[str, torch.Tensor]:
     return batch
 
 
+GROUP_SPAN = 50  # batches whose examples are sorted by length together when grouping
+
+
 def iter_batches(
-    enc: Encoded, batch_size: int, *, shuffle: bool = False, generator: torch.Generator | None = None
+    enc: Encoded,
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    generator: torch.Generator | None = None,
+    group_by_length: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches of `enc` in order, or shuffled by `generator`. `group_by_length` (with `shuffle`): the shuffled order
+    is cut into spans of `GROUP_SPAN` batches, each span sorted by length and cut into batches, and the batches are
+    shuffled again, so a batch holds examples of similar length and pads little (transformers' `group_by_length`)."""
     order = torch.randperm(len(enc), generator=generator).tolist() if shuffle else list(range(len(enc)))
-    for start in range(0, len(order), batch_size):
-        yield collate(enc, order[start : start + batch_size])
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    if shuffle and group_by_length:
+        span = GROUP_SPAN * batch_size
+        grouped = []
+        for start in range(0, len(order), span):
+            part = sorted(order[start : start + span], key=lambda i: len(enc.features[i]["input_ids"]))
+            grouped += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+        batches = [grouped[i] for i in torch.randperm(len(grouped), generator=generator).tolist()]
+    for idx in batches:
+        yield collate(enc, idx)

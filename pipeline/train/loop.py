@@ -140,7 +140,9 @@ def train(
     )  # off without a TTY
     while step < steps:
         epoch_state = gen.get_state()  # the shuffle's seed state: a checkpoint resumes inside this epoch
-        batches = iter_batches(train_enc, cfg.batch_size, shuffle=True, generator=gen)
+        batches = iter_batches(
+            train_enc, cfg.batch_size, shuffle=True, generator=gen, group_by_length=cfg.group_by_length
+        )
         for position, batch in enumerate(itertools.islice(batches, skip, None), start=skip + 1):
             interrupts.check()  # a stop signal whose raise was dropped ends training within a step
             batch = {k: v.to(device) for k, v in batch.items()}
