@@ -1,0 +1,99 @@
+"""What bf16 mixed precision and length-grouped batches give a training step on this machine.
+
+    python benchmarks/train_throughput.py --model DIR --data-dir ../shared/data/sst2 [--task sst2] [--steps 3]
+                                          [--batch 32] [--json out.json]
+
+1. Padding: one seeded epoch of the task's train split at `--batch`, shuffled as training shuffles it, with and
+   without `group_by_length`: real and padded tokens (no timing; the same on any machine).
+2. Step time: `--steps` timed AdamW steps of the model as a sequence classifier on real batches of the train split,
+   fp32 and bf16 autocast, each way on plain shuffled batches and on grouped ones, interleaved after one untimed
+   step each. Run it on a quiet machine: nothing else may train or time beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+
+from pipeline.data.encoding import encode, iter_batches
+from pipeline.data.loaders import DataRef, resolve_source
+from pipeline.data.tasks import get_task
+from pipeline.models.folders import load_tokenizer
+from pipeline.models.io import load_base_model
+
+
+def padding(enc, batch: int) -> dict:
+    out = {}
+    for group in (False, True):
+        g = torch.Generator().manual_seed(0)
+        padded = real = 0
+        for b in iter_batches(enc, batch, shuffle=True, generator=g, group_by_length=group):
+            padded += b["input_ids"].numel()
+            real += int(b["attention_mask"].sum())
+        out["grouped" if group else "shuffled"] = padded
+        out["real"] = real
+    return out
+
+
+def step_times(model, enc, batch: int, steps: int) -> dict:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model.train()
+    batches = {
+        group: list(
+            iter_batches(enc, batch, shuffle=True, generator=torch.Generator().manual_seed(0), group_by_length=group)
+        )[: steps + 1]
+        for group in (False, True)
+    }
+
+    def step(b, bf16: bool) -> float:
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(**b).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    ways = [(p, g) for p in ("fp32", "bf16") for g in (False, True)]
+    for p, g in ways:
+        step(batches[g][0], p == "bf16")  # untimed
+    times: dict[str, list[float]] = {f"{p}{'+grouped' if g else ''}": [] for p, g in ways}
+    for i in range(1, steps + 1):
+        for p, g in ways:
+            times[f"{p}{'+grouped' if g else ''}"].append(step(batches[g][i], p == "bf16"))
+    return {k: round(sum(v) / len(v), 3) for k, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--task", default="sst2")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    task = get_task(args.task)
+    data = DataRef(task, resolve_source(task, args.data_dir), args.data_dir).load()
+    enc = encode(load_tokenizer(args.model), data.train, 128)
+    pad = padding(enc, args.batch)
+    real, shuffled, grouped = pad["real"], pad["shuffled"], pad["grouped"]
+    print(f"padded tokens per epoch at batch {args.batch}: real {real:,}; shuffled {shuffled:,} "
+          f"({shuffled / real:.2f}x real); grouped {grouped:,} ({grouped / real:.2f}x)")  # fmt: skip
+    times = step_times(load_base_model(args.model, task), enc, args.batch, args.steps)
+    base = times["fp32"]
+    for k, v in times.items():
+        print(f"{k:>14}: {v:.3f} s per step ({base / v:.2f}x fp32)")
+    if args.json:
+        args.json.write_text(json.dumps({"padding": pad, "seconds_per_step": times}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
