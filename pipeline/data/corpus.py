@@ -11,7 +11,6 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.data.encoding import Encoded, feature_keys
 from pipeline.errors import PipelineError
 
 
@@ -51,11 +50,3 @@ def read_corpus(folder: str | Path, max_lines: int | None = None) -> Corpus:
     if not texts:
         raise PipelineError(f"corpus {root}: its .txt files hold no text (only blank lines)")
     return Corpus(texts, [str(p.relative_to(root)) for p in files], digest.hexdigest())
-
-
-def encode_corpus(tokenizer, corpus: Corpus, max_length: int) -> Encoded:
-    """Each paragraph as one example, truncated at `max_length` tokens; no labels."""
-    enc = tokenizer(corpus.texts, truncation=True, max_length=max_length)
-    keys = feature_keys(enc)
-    features = [{k: enc[k][i] for k in keys} for i in range(len(corpus))]
-    return Encoded(features, [None] * len(corpus), tokenizer.pad_token_id or 0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.data.corpus import Corpus
 from pipeline.data.loaders import AnySplit, TaskData
 from pipeline.data.squad import QASplit
 from pipeline.data.tagged import TaggedSplit
@@ -52,11 +53,20 @@ def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = Non
         return _encode_tagged(tokenizer, split, max_length)
     if isinstance(split, QASplit):
         return _encode_questions(tokenizer, split, max_length, window_stride(max_length) if stride is None else stride)
-    columns = list(zip(*split.texts, strict=True))
+    return _encode_texts(tokenizer, list(zip(*split.texts, strict=True)), list(split.labels), max_length)
+
+
+def encode_corpus(tokenizer, corpus: Corpus, max_length: int) -> Encoded:
+    """Each paragraph of a general-distillation corpus as one example, truncated at `max_length` tokens; no labels."""
+    return _encode_texts(tokenizer, [corpus.texts], [None] * len(corpus), max_length)
+
+
+def _encode_texts(tokenizer, columns: list, labels: list, max_length: int) -> Encoded:
+    """One example per row of `columns` (one text column, or two for pairs), each with its label."""
     enc = tokenizer(*columns, truncation=True, max_length=max_length)
     keys = feature_keys(enc)
-    features = [{k: enc[k][i] for k in keys} for i in range(len(split))]
-    return Encoded(features, list(split.labels), tokenizer.pad_token_id or 0)
+    features = [{k: enc[k][i] for k in keys} for i in range(len(labels))]
+    return Encoded(features, labels, tokenizer.pad_token_id or 0)
 
 
 def feature_keys(enc) -> list[str]:

@@ -13,7 +13,6 @@ import logging
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
 from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
@@ -21,7 +20,9 @@ from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.methods.distill.general_student import build_general_student
 from pipeline.compress.methods.distill.losses import DirectProjections, layer_mapping
 from pipeline.compress.methods.distill.stage import distill_loss
-from pipeline.data.corpus import encode_corpus, read_corpus
+from pipeline.data.corpus import read_corpus
+from pipeline.data.encoding import encode_corpus
+from pipeline.models.families import arch_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.layers import encoder_layers
 from pipeline.train.loop import resolve_device, train
@@ -36,7 +37,9 @@ CARD = "README.md"
 
 def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> dict:
     """The general student of `model_dir` at `cfg`'s shape, distilled on the corpus (cached); returns its report."""
-    shape = cfg.preflight(check_model_dir(model_dir))
+    config = check_model_dir(model_dir)
+    shape = cfg.preflight(config)
+    arch = arch_of(config)
     corpus = read_corpus(corpus_dir, cfg.corpus_lines)
     key = key_of(
         stage="general",
@@ -61,7 +64,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             projections = HiddenProjections(mapping, shape["hidden"], teacher.config.hidden_size).to(device)
             params += projections.named_parameters(prefix="proj")
         if cfg.direct:
-            direct = DirectProjections(cfg.relation_heads, shape["hidden"], _qkv_width(teacher)).to(device)
+            direct = DirectProjections(cfg.relation_heads, shape["hidden"], arch.heads * arch.head_dim).to(device)
             params += direct.named_parameters(prefix="direct")
         began = time.perf_counter()
         result = train(
@@ -91,10 +94,6 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
     path, hit = cached_build(Path(cache_dir), "general", key, build)
     log.info("general student: %s (%s)", path, "cached" if hit else "distilled now")
     return {"path": str(path), "cached": hit, **read_report(path)}
-
-
-def _qkv_width(model: torch.nn.Module) -> int:
-    return model.config.num_attention_heads * (model.config.hidden_size // model.config.num_attention_heads)
 
 
 def model_card(report: dict) -> str:
