@@ -129,7 +129,7 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
     saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen)
     resumed = saver.restore(result)
-    if resumed is not None and resumed.done:
+    if resumed is not None and resumed.step >= steps:
         log.info("%s: finished before, restored from %s", desc, saver.phase.path)
         return _finish(model, teacher, result)
     step, running, skip = (resumed.step, resumed.running, resumed.position) if resumed else (0, None, 0)
@@ -198,7 +198,6 @@ class _Position:
     running: float | None
     position: int
     epoch_state: torch.Tensor
-    done: bool = False
 
 
 @dataclass
@@ -256,7 +255,7 @@ class _Saver:
         result.history, result.validation = saved["result"]["history"], saved["result"]["validation"]
         at = saved["position"]
         if at["done"]:
-            return _Position(result.steps, None, 0, self.gen.get_state(), done=True)
+            return _Position(result.steps, None, 0, self.gen.get_state())  # finished: no step left
         self.opt.load_state_dict(saved["optimizer"])
         self.sched.load_state_dict(saved["scheduler"])
         self.gen.set_state(saved["epoch_state"])
