@@ -21,7 +21,7 @@ from pipeline.compress.compaction import cut_from
 from pipeline.compress.methods.distill.config import StudentConfig
 from pipeline.compress.methods.distill.students import pick_layers
 from pipeline.errors import PipelineError
-from pipeline.models.families import family_for, family_of
+from pipeline.models.families import family_for
 from pipeline.models.layers import encoder_layers
 
 PER_LAYER_RECORDS = ("intermediate_sizes", "layer_heads")
@@ -38,14 +38,6 @@ def student_config(teacher_config: Any, layers: int, hidden: int, heads: int, ff
     config.hidden_size, config.num_attention_heads = hidden, heads
     setattr(config, family.ffn_field, ffn)
     return config
-
-
-def default_heads(teacher: nn.Module, hidden: int) -> int:
-    """Heads of the teacher's head size that fill `hidden`."""
-    size = family_of(teacher).head_size(encoder_layers(teacher)[0])
-    if hidden % size:
-        raise PipelineError(f"hidden size {hidden} is not a multiple of the teacher's head size {size}")
-    return hidden // size
 
 
 def build_general_student(teacher: nn.Module, shape: dict[str, int], init: str, seed: int) -> tuple[nn.Module, dict]:

@@ -172,8 +172,8 @@ class DirectProjections(nn.Module):
         if ds == dt:
             weight.copy_(torch.eye(ds).expand_as(weight))
         else:
-            nn.init.xavier_uniform_(weight.view(-1, ds, dt)[0])  # one head's shape, for the fan; then every head
-            weight.copy_(weight.view(-1, ds, dt)[0].expand_as(weight)).add_(0.01 * torch.randn_like(weight))
+            for head in weight.view(-1, ds, dt):  # each (ds × dt) map on its own fan
+                nn.init.xavier_uniform_(head)
         self.weight = nn.Parameter(weight)
         self.relation_heads = relation_heads
 
