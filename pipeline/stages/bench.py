@@ -105,8 +105,8 @@ def real_length_speed(
         return None
     data = ref.load()
     tokenizer = load_tokenizer(staging)
-    block = json.loads((staging / CONFIG).read_text()).get(TASK_KEY, {})
-    enc = encode(tokenizer, data.dev, trained_length(block))
+    length = trained_length(json.loads((staging / CONFIG).read_text()).get(TASK_KEY, {}))
+    enc = encode(tokenizer, data.dev, length)
     n = min(len(enc), settings.real_length_examples)
     batches = []
     for start in range(0, n, batch):
@@ -117,4 +117,4 @@ def real_length_speed(
     for m, r in result["models"].items():
         r["speedup"] = round(speeds[m] / speeds["dense"], 3)
         r["speedup_vs_dense_int8"] = round(speeds[m] / speeds["dense-int8"], 3)
-    return {"batch": batch, "max_length": trained_length(block), **result}
+    return {"batch": batch, "max_length": length, **result}
