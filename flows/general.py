@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from pipeline import interrupts
 from pipeline.compress.methods.distill.config import GeneralConfig
-from pipeline.errors import PipelineError
+from pipeline.paths import check_new_folder
 from pipeline.stages import general
 
 general_task = task(general.run, name="general-distillation", cache_policy=NO_CACHE)
@@ -24,8 +24,7 @@ def distill_general(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_d
 
 
 def publish(entry: Path, output: Path) -> str:
-    if output.exists():
-        raise PipelineError(f"output {output} already exists; the student is written to a new folder")
+    check_new_folder(output, "output")  # checked before the run too: this is the race with another writer
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.with_name(f".{output.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)

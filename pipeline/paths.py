@@ -41,3 +41,11 @@ def check_writable_dir(path: str | Path, what: str) -> Path:
     except OSError as e:
         raise PipelineError(f"{what} {path} is not writable: {existing}: {e.strerror or e}") from None
     return path
+
+
+def check_new_folder(path: str | Path, what: str) -> Path:
+    """A folder this run writes whole: it must not exist yet (nothing of the user's is overwritten or merged)."""
+    path = Path(path)
+    if path.exists():
+        raise PipelineError(f"{what} {path} already exists; the {what} is written to a new folder")
+    return path

@@ -27,7 +27,7 @@ from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
-from pipeline.paths import check_writable_dir
+from pipeline.paths import check_new_folder, check_writable_dir
 from serving.artifact import ArtifactError, check_signing_key, max_positions
 
 
@@ -214,8 +214,6 @@ def prepare_general(
     model_dir = str(model or default_model_path())
     cfg.preflight(check_model_dir(model_dir))
     check_devices({"train.device": cfg.train.device})
-    if Path(output).exists():
-        raise PipelineError(f"output {output} already exists; the student is written to a new folder")
-    check_writable_dir(Path(output).parent, "output")
+    check_writable_dir(check_new_folder(output, "output").parent, "output")
     read_corpus(corpus, 1)  # a missing, empty or non-UTF-8 start fails here; the stage reads it whole
     return model_dir, corpus, cfg, cache_dir or str(default_cache_dir()), output
