@@ -1,0 +1,51 @@
+"""Training options that change how steps run, not what a stage means: bf16 mixed precision and length-grouped
+batches."""
+
+import torch
+
+from pipeline.data.loaders import DataRef
+from pipeline.models.io import load_model
+from pipeline.request import build_deploy_config
+from pipeline.stages.compress import run as compress
+
+DATA = DataRef("sst2", "sample", None, 64, 16)
+STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]
+
+
+def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_dirs, tmp_path):
+    from pipeline.config.schema import TrainConfig
+
+    assert "precision" not in TrainConfig().model_dump()  # fp32 stages keep the keys they had before bf16 existed
+    assert TrainConfig(precision="bf16").model_dump()["precision"] == "bf16"
+    base = ["config.layers=[1]", "config.tune_steps=0", *(f"config.{o}" for o in STEPS)]
+    fp32, bf16 = (
+        compress(
+            build_deploy_config("mlp_fusion", "sst2", overrides=base + extra),
+            str(classifier_dirs["bert"]),
+            DATA,
+            str(tmp_path / "cache"),
+        )
+        for extra in ([], ["config.train.precision=bf16"])
+    )
+    assert bf16["path"] != fp32["path"]  # another entry: precision is part of a bf16 stage's key
+    a, b = (load_model(r["path"]).state_dict() for r in (bf16, fp32))
+    assert all(torch.isfinite(v).all() for v in a.values())
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the steps ran in another precision
+
+
+def test_grouping_by_length_keeps_every_example_once_and_pads_less():
+    from pipeline.data.encoding import Encoded, iter_batches
+
+    rng = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 60, (500,), generator=rng).tolist()
+    enc = Encoded([{"input_ids": [7] * n, "attention_mask": [1] * n} for n in lengths], list(range(500)), 0)
+
+    def batches(group: bool, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        return list(iter_batches(enc, 8, shuffle=True, generator=g, group_by_length=group))
+
+    grouped, plain = batches(True), batches(False)
+    assert sorted(int(x) for b in grouped for x in b["labels"]) == list(range(500))  # each example once
+    assert sum(b["input_ids"].numel() for b in grouped) < 0.6 * sum(b["input_ids"].numel() for b in plain)
+    assert [b["labels"].tolist() for b in batches(True)] == [b["labels"].tolist() for b in grouped]  # seeded
+    assert [b["labels"].tolist() for b in batches(True, 1)] != [b["labels"].tolist() for b in grouped]
