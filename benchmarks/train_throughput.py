@@ -1,13 +1,14 @@
 """What bf16 mixed precision and length-grouped batches give a training step on this machine.
 
     python benchmarks/train_throughput.py --model DIR --data-dir ../shared/data/sst2 [--task sst2] [--steps 3]
-                                          [--batch 32] [--json out.json]
+                                          [--batch 32] [--corpus DIR [--corpus-lines 20000]] [--json out.json]
 
 1. Padding: one seeded epoch of the task's train split at `--batch`, shuffled as training shuffles it, with and
-   without `group_by_length`: real and padded tokens (no timing; the same on any machine).
+   without `group_by_length`: real and padded tokens (no timing; the same on any machine); with `--corpus`, the same
+   for the corpus's first `--corpus-lines` paragraphs as general distillation reads them.
 2. Step time: `--steps` timed AdamW steps of the model as a sequence classifier on real batches of the train split,
    fp32 and bf16 autocast, each way on plain shuffled batches and on grouped ones, interleaved after one untimed
-   step each. Run it on a quiet machine: nothing else may train or time beside it.
+   step each (`--steps 0`: none). Run it on a quiet machine: nothing else may train or time beside it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from pipeline.data.encoding import encode, iter_batches
+from pipeline.data.corpus import read_corpus
+from pipeline.data.encoding import encode, encode_corpus, iter_batches
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import get_task
 from pipeline.models.folders import load_tokenizer
@@ -78,21 +80,30 @@ def main() -> None:
     parser.add_argument("--task", default="sst2")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--corpus", type=Path)
+    parser.add_argument("--corpus-lines", type=int, default=20000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     task = get_task(args.task)
     data = DataRef(task, resolve_source(task, args.data_dir), args.data_dir).load()
-    enc = encode(load_tokenizer(args.model), data.train, 128)
-    pad = padding(enc, args.batch)
-    real, shuffled, grouped = pad["real"], pad["shuffled"], pad["grouped"]
-    print(f"padded tokens per epoch at batch {args.batch}: real {real:,}; shuffled {shuffled:,} "
-          f"({shuffled / real:.2f}x real); grouped {grouped:,} ({grouped / real:.2f}x)")  # fmt: skip
-    times = step_times(load_base_model(args.model, task), enc, args.batch, args.steps)
-    base = times["fp32"]
-    for k, v in times.items():
-        print(f"{k:>14}: {v:.3f} s per step ({base / v:.2f}x fp32)")
+    tokenizer = load_tokenizer(args.model)
+    enc = encode(tokenizer, data.train, 128)
+    report: dict = {"padding": padding(enc, args.batch)}
+    if args.corpus:
+        corpus = encode_corpus(tokenizer, read_corpus(args.corpus, args.corpus_lines), 128)
+        report["corpus_padding"] = padding(corpus, args.batch)
+    for name, pad in (("train split", report["padding"]), ("corpus", report.get("corpus_padding"))):
+        if pad:
+            real, shuffled, grouped = pad["real"], pad["shuffled"], pad["grouped"]
+            print(f"{name}: padded tokens per epoch at batch {args.batch}: real {real:,}; shuffled {shuffled:,} "
+                  f"({shuffled / real:.2f}x real); grouped {grouped:,} ({grouped / real:.2f}x)")  # fmt: skip
+    if args.steps:
+        times = step_times(load_base_model(args.model, task), enc, args.batch, args.steps)
+        report["seconds_per_step"] = times
+        for k, v in times.items():
+            print(f"{k:>14}: {v:.3f} s per step ({times['fp32'] / v:.2f}x fp32)")
     if args.json:
-        args.json.write_text(json.dumps({"padding": pad, "seconds_per_step": times}, indent=2))
+        args.json.write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

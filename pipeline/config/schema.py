@@ -65,7 +65,7 @@ class TrainConfig(FrozenModel):
         seed: seeds data order, dropout and initialisation.
         device: `auto` (CUDA when present), `cpu` or `cuda`.
         precision: `fp32`, or `bf16` mixed precision (autocast: matmuls in bfloat16, weights, optimiser and the
-            losses' softmaxes in float32); 2.3x faster training steps on a CPU with AVX-512 BF16 at 12 x 768. Left
+            losses' softmaxes in float32); 1.8x faster training steps on a CPU with AVX-512 BF16 at 12 x 768. Left
             out of the serialised config while `fp32`, so the cache keys of fp32 stages stay what they were.
         group_by_length: batch examples of similar length together (within spans of 50 batches, the batches then
             shuffled), so batches pad less; left out of the serialised config while off, as `precision` is.
