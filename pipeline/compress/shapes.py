@@ -3,16 +3,20 @@
 The table (the plan stage, `pipeline.stages.plan`, measures it in ONNX Runtime on this machine) holds the int8
 latency of a one-layer model at a grid of (heads kept, FFN neurons kept), the fixed cost of everything outside the
 encoder layers, and the dense fp32 teacher's latency, all at one batch x sequence. A model of L layers of shape
-(h, f) is predicted at `fixed + L * (one_layer(h, f) - fixed)`, bilinear between grid points (ZipLM's per-module
-latency table, with our runtime and our units). The search keeps the shape that meets the target with the most
-weights kept.
+(h, f) is predicted at `fixed + L * layer(h, f)` (ZipLM's per-module latency table, with our runtime and our
+units), where `layer(h, f) = a + b*h + c*f` is fitted by least squares to the grid's one-layer times less the fixed
+cost: a layer's matmuls grow linearly in heads and in FFN neurons, and one plane through 36 probes is not thrown by
+the one probe that a busy moment slowed (reading single cells was: it planned the flagship at 10.56x, measured
+5.39x). The search keeps the shape that meets the target with the most weights kept.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 from pipeline.compress.registry import chain_configs, methods, parse_chain
 from pipeline.config.recipes import CHAIN_SEP
@@ -28,8 +32,8 @@ class LatencyTable:
 
     heads: list[int]  # grid of heads kept per layer, increasing
     ffn: list[int]  # grid of FFN neurons kept per layer, increasing
-    layer_ms: list[list[float]]  # one-layer int8 model at heads[i] x ffn[j]
-    fixed_ms: float  # embeddings, pooler and classifier (int8 graph)
+    layer_ms: list[list[float]]  # one-layer int8 model at heads[i] x ffn[j] (fixed cost included)
+    fixed_ms: float  # embeddings, pooler and classifier (int8 graph): what a model with no layer costs
     dense_fp32_ms: float  # the whole dense teacher, fp32
     teacher: dict[str, int]  # layers, heads, ffn, hidden, head_dim of the teacher
     batch: int
@@ -39,29 +43,23 @@ class LatencyTable:
     def from_dict(cls, d: dict[str, Any]) -> LatencyTable:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
+    @cached_property
+    def _plane(self) -> tuple[float, float, float]:
+        """(a, b, c) of the least-squares fit `one_layer(h, f) - fixed = a + b*h + c*f` over the grid."""
+        if len(self.heads) < 2 or len(self.ffn) < 2:
+            raise PipelineError("a latency table needs at least two grid points per axis")
+        rows = [(1.0, h, f) for h in self.heads for f in self.ffn]
+        costs = [self.layer_ms[i][j] - self.fixed_ms for i in range(len(self.heads)) for j in range(len(self.ffn))]
+        a, b, c = np.linalg.lstsq(np.array(rows), np.array(costs), rcond=None)[0]
+        return float(a), float(b), float(c)
+
     def layer_cost(self, heads: float, ffn: float) -> float:
-        """One layer's own cost at (heads, ffn): bilinear in the grid, linear extrapolation below its first point."""
-        i, u = _cell(self.heads, heads)
-        j, v = _cell(self.ffn, ffn)
-        t = self.layer_ms
-        one = (
-            (1 - u) * (1 - v) * t[i][j]
-            + u * (1 - v) * t[i + 1][j]
-            + (1 - u) * v * t[i][j + 1]
-            + u * v * t[i + 1][j + 1]
-        )
-        return max(0.0, one - self.fixed_ms)
+        """One layer's own cost at (heads, ffn), from the plane fitted to the grid."""
+        a, b, c = self._plane
+        return max(0.0, a + b * heads + c * ffn)
 
     def predict_ms(self, layers: int, heads: float, ffn: float) -> float:
         return self.fixed_ms + layers * self.layer_cost(heads, ffn)
-
-
-def _cell(grid: list[int], x: float) -> tuple[int, float]:
-    """Index of the grid interval holding x, and x's position in it (may fall outside [0, 1] at the ends)."""
-    if len(grid) < 2:
-        raise PipelineError("a latency table needs at least two grid points per axis")
-    i = min(max(bisect.bisect_right(grid, x) - 1, 0), len(grid) - 2)
-    return i, (x - grid[i]) / (grid[i + 1] - grid[i])
 
 
 @dataclass(frozen=True)

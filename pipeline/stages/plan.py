@@ -1,8 +1,11 @@
 """The plan stage (`--target-speedup`): measure the latency table a speed target is planned on, and plan the shape.
 
-Every probe is a real model cut from the teacher (its first layers, narrowed to h heads and f FFN neurons by
-weight norm, compacted) and exported exactly as an artifact is (ONNX, ORT fusion, dynamic int8), then timed in
-ONNX Runtime with the benchmark's settings, all probes interleaved in one process with the dense fp32 teacher.
+Every probe is a real model cut from the teacher (its first layer, narrowed to h heads and f FFN neurons by
+weight norm, compacted; or no layer at all, for the fixed cost) and exported exactly as an artifact is (ONNX, ORT
+fusion, dynamic int8), then timed in ONNX Runtime with the benchmark's settings, all probes interleaved in one
+process with the dense fp32 teacher. The fixed cost is timed directly: estimated as the difference of a two-layer
+and a one-layer probe it was off by 4x on the 12 x 768 teacher, and the error counts once per layer. (A family whose
+model cannot run without layers, DeBERTa-v2, keeps that estimate.)
 The table is cached by the teacher's shape, the grid, the input shape, the thread count, the CPU and the
 library versions: it describes this machine, not the teacher's weights. So only a table measured on a quiet
 machine is cached: a busy one is measured again (`target.busy_attempts`, waiting up to `target.busy_wait_s`
@@ -32,8 +35,8 @@ from serving.artifact import CONFIG, GRAPHS
 
 log = logging.getLogger(__name__)
 
-TABLE_VERSION = "2"  # 2: tables carry the machine's load; version 1 tables may have been measured busy
-FIXED_PROBE = "fixed"  # two layers of the smallest shape: with the one-layer probe it gives the fixed cost
+TABLE_VERSION = "3"  # 3: the fixed cost measured on a model with no layer; 2: tables carry the machine's load
+FIXED_PROBE = "fixed"  # the teacher with no layer left: embeddings and head alone, the cost every shape pays
 TABLE_FILE = "table.json"
 
 
@@ -91,8 +94,10 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
 
     def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
-            models = _export_probes(teacher_dir, heads, ffn, Path(tmp), cache_dir)
-            record = _measure_until_quiet(lambda: _time_probes(models, arch, heads, ffn, settings), target, settings)
+            models, direct = _export_probes(teacher_dir, heads, ffn, Path(tmp), cache_dir)
+            record = _measure_until_quiet(
+                lambda: _time_probes(models, direct, arch, heads, ffn, settings), target, settings
+            )
         if record["machine"]["busy"]:
             raise _Uncached(record)
         (out / TABLE_FILE).write_text(json.dumps(record, indent=2))
@@ -106,22 +111,27 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
     return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
 
 
-def _export_probes(teacher_dir: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> dict:
-    """Every probe's int8 graph, and the dense fp32 teacher's (the graph deploy benchmarks), by probe name."""
+def _export_probes(teacher_dir: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> tuple[dict, bool]:
+    """Every probe's int8 graph, and the dense fp32 teacher's (the graph deploy benchmarks), by probe name; and
+    whether the fixed-cost probe has no layer (True) or is the two-layer fallback."""
+    from pipeline.models.families import family_of
     from pipeline.models.io import load_model
 
     teacher = load_model(teacher_dir)
-    probes = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
-    probes[FIXED_PROBE] = (2, heads[0], ffn[0])
+    probes: dict[str, tuple[int, int | None, int | None]] = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
+    direct = family_of(teacher).runs_without_layers
+    probes[FIXED_PROBE] = (0, None, None) if direct else (2, heads[0], ffn[0])
     models = {}
     for name, (n, h, f) in probes.items():
         export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, tmp / name)
         models[name] = tmp / name / GRAPHS["int8"]
     models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
-    return models
+    return models, direct
 
 
-def _time_probes(models: dict, arch: Arch, heads: list[int], ffn: list[int], settings: BenchSettings) -> dict:
+def _time_probes(
+    models: dict, direct: bool, arch: Arch, heads: list[int], ffn: list[int], settings: BenchSettings
+) -> dict:
     """One timing of every probe: the table's fields, the device and the machine's load."""
     log.info("latency table: timing %d probes at %dx%d", len(models), settings.batch_sizes[0], settings.seq_lens[0])
     result = benchmark(models, arch.vocab, settings)
@@ -131,13 +141,14 @@ def _time_probes(models: dict, arch: Arch, heads: list[int], ffn: list[int], set
         heads=heads,
         ffn=ffn,
         layer_ms=[[p50[f"{h}x{f}"] for f in ffn] for h in heads],
-        fixed_ms=max(0.0, 2 * smallest - p50[FIXED_PROBE]),  # one layer minus its own cost
+        fixed_ms=p50[FIXED_PROBE] if direct else max(0.0, 2 * smallest - p50[FIXED_PROBE]),
         dense_fp32_ms=p50["dense"],
         teacher={k: getattr(arch, k) for k in ("layers", "heads", "ffn", "hidden", "head_dim")},
         batch=settings.batch_sizes[0],
         seq=settings.seq_lens[0],
     )
-    return {**table.__dict__, "device": result["device"], "machine": result["machine"]}
+    measured = {"fixed_probe": "no layers" if direct else "two layers", "device": result["device"]}
+    return {**dataclasses.asdict(table), **measured, "machine": result["machine"]}
 
 
 def _measure_until_quiet(measure: Callable[[], dict], target: TargetConfig, settings: BenchSettings) -> dict:

@@ -56,6 +56,7 @@ class Family:
     activation: str  # the FFN's activation module
     gated: bool = False  # FFN output act(x W_in) * (x W_gate): segment 0 of the reader is W_in, 1 is W_gate
     token_types: bool = True  # the model's forward takes token_type_ids
+    runs_without_layers: bool = True  # a copy with no layer left still runs (the latency table's fixed-cost probe)
     layers_field: str = "num_hidden_layers"
     ffn_field: str = "intermediate_size"  # the uniform width in its config (the widest layer once compacted)
 

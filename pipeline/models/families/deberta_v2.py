@@ -16,6 +16,7 @@ class DebertaV2(Bert):
     name = "deberta-v2"
     model_types = ("deberta-v2",)
     always_pair = True
+    runs_without_layers = False  # transformers' DeBERTa-v2 encoder fails on an empty layer list
     head_readers = (
         Matrix("attention.self.query_proj", "query"),
         Matrix("attention.self.key_proj", "key"),
