@@ -105,7 +105,11 @@ def deploy(
         typer.Option(help="Your own task: a YAML file naming its train/dev files, columns, labels and metric."),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="Base model folder (BERT/RoBERTa); default: embedded all-MiniLM-L6-v2.")
+        str | None,
+        typer.Option(
+            help="Base model folder (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2/v3, ModernBERT, "
+            "MPNet); default: embedded all-MiniLM-L6-v2."
+        ),
     ] = None,
     teacher: Annotated[
         str | None,
