@@ -12,8 +12,11 @@ DATA = DataRef("sst2", "sample", None, 64, 16)
 STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]
 
 
-def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_dirs, tmp_path):
+def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_dirs, tmp_path, monkeypatch):
     from pipeline.config.schema import TrainConfig
+    from pipeline.train import loop
+
+    monkeypatch.setattr(loop, "native_bf16_cpu", lambda: True)  # emulated bf16 is slow, not wrong: fine for 12 steps
 
     assert "precision" not in TrainConfig().model_dump()  # fp32 stages keep the keys they had before bf16 existed
     assert TrainConfig(precision="bf16").model_dump()["precision"] == "bf16"
@@ -49,3 +52,18 @@ def test_grouping_by_length_keeps_every_example_once_and_pads_less():
     assert sum(b["input_ids"].numel() for b in grouped) < 0.6 * sum(b["input_ids"].numel() for b in plain)
     assert [b["labels"].tolist() for b in batches(True)] == [b["labels"].tolist() for b in grouped]  # seeded
     assert [b["labels"].tolist() for b in batches(True, 1)] != [b["labels"].tolist() for b in grouped]
+
+
+def test_bf16_on_a_cpu_without_native_bfloat16_is_one_line(classifier_dirs, tmp_path, monkeypatch):
+    import pytest
+
+    from pipeline.errors import PipelineError
+    from pipeline.train import loop
+
+    monkeypatch.setattr(loop, "native_bf16_cpu", lambda: False)
+    overrides = ["config.layers=[1]", "config.tune_steps=0", "config.train.precision=bf16", "config.train.device=cpu"]
+    config = build_deploy_config("mlp_fusion", "sst2", overrides=overrides + [f"config.{o}" for o in STEPS])
+    with pytest.raises(PipelineError, match=r"bf16 needs a GPU or a CPU with native bfloat16") as caught:
+        compress(config, str(classifier_dirs["bert"]), DATA, str(tmp_path / "cache"))
+    assert "\n" not in str(caught.value)
+    assert not list((tmp_path / "cache").rglob("model.safetensors"))  # nothing cached
