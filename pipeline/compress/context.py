@@ -18,6 +18,9 @@ class StageContext:
 
     `base_model` (the pre-trained folder the teacher came from, when known) and `task` let a method start
     from somewhere else than the teacher, e.g. SMP's verbalizer head on the pre-trained weights.
+
+    `teacher_outputs` answers output-only KD from rows computed once per input (`pipeline.train.teacher_outputs`);
+    `kd_teacher` is what a method distils its outputs from: those rows where there are, else the teacher.
     """
 
     teacher: nn.Module
@@ -26,3 +29,8 @@ class StageContext:
     task: TaskSpec | None = None
     base_model: str | None = None
     report: dict[str, Any] = field(default_factory=dict)
+    teacher_outputs: nn.Module | None = None
+
+    @property
+    def kd_teacher(self) -> nn.Module:
+        return self.teacher_outputs if self.teacher_outputs is not None else self.teacher

@@ -18,10 +18,12 @@ from pipeline.data.loaders import DataRef, TaskData
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model, save_model
 from pipeline.stages import compact
+from pipeline.train.teacher_outputs import TeacherOutputs
 
 log = logging.getLogger(__name__)
 
 # Bump when a change alters what the stage produces, to invalidate its cache entries.
+OUTPUTS_DIR = "teacher_outputs"  # per teacher, its outputs on the inputs distilled so far (offline output KD)
 COMPRESS_VERSION = "5"  # 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
 
 
@@ -66,10 +68,11 @@ def _compress_one(
 ) -> dict:
     """One method on a copy of the model in `start_dir` (the teacher, or the previous method's compacted
     output), with the dense teacher for distillation; cached."""
+    teacher_digest = dir_digest(Path(teacher_dir))
     key = key_of(
         stage="compress",
         v=COMPRESS_VERSION,
-        teacher=dir_digest(Path(teacher_dir)),
+        teacher=teacher_digest,
         start=dir_digest(Path(start_dir)) if start_dir != teacher_dir else None,
         data=data.fingerprint,
         method=method.name,
@@ -83,11 +86,14 @@ def _compress_one(
         for p in teacher.parameters():
             p.requires_grad_(False)
         train_enc, val_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
-        ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model)
+        outputs = TeacherOutputs(teacher, Path(cache_dir) / OUTPUTS_DIR / f"{teacher_digest}.npz")
+        ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model, teacher_outputs=outputs)
         began = time.perf_counter()
         # a fresh copy: it must not share the teacher's tensors or inherit its freeze
         student = (copy.deepcopy(teacher) if start_dir == teacher_dir else load_model(start_dir)).requires_grad_(True)
         model = method.apply(student, method_cfg, ctx)
+        outputs.save()  # for the next stage and the next run that distils from this teacher
+        ctx.report["teacher_outputs"] = {"read_back": outputs.hits, "computed": outputs.misses}
         ctx.report["seconds"] = round(time.perf_counter() - began, 1)
         save_model(model, tokenizer, out)
         write_report(out, ctx.report)

@@ -25,6 +25,7 @@ from pipeline.data.encoding import Encoded, iter_batches
 from pipeline.errors import PipelineError
 from pipeline.train.losses import LossFn, classification_loss
 from pipeline.train.metrics import predict_logits, scores
+from pipeline.train.teacher_outputs import TeacherOutputs
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +197,8 @@ def train(
                 break
             if saver.due(step):
                 result.seconds = time.perf_counter() - start
+                if isinstance(teacher, TeacherOutputs):  # a resumed run reads the rows this one has read so far
+                    teacher.save()
                 saver.save(result, _Position(step, running, position, epoch_state))
         skip = 0
     bar.close()

@@ -31,13 +31,17 @@ def distill_loss(
     *,
     task: bool,
     direct: DirectProjections | None = None,
+    outputs: nn.Module | None = None,
 ) -> LossFn:
     """relation · L_rel + hidden · L_hid (+ `cfg.direct` · L_direct with `direct`'s maps, + the task loss with
-    output KD when `task`), from one forward each."""
+    output KD when `task`), from one forward each. `outputs` (the teacher's stored rows) answers the teacher's
+    logits when the loss needs nothing else of it."""
     n_teacher = len(encoder_layers(teacher))
     t_layer = cfg.teacher_layer or n_teacher
     needs_qkv = bool(cfg.relation or direct is not None)
-    needs_teacher = bool(needs_qkv or cfg.hidden or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
+    insides = bool(needs_qkv or cfg.hidden)
+    needs_teacher = bool(insides or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
+    logits_from = outputs if outputs is not None and not insides else teacher
 
     def loss_fn(student: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -45,7 +49,7 @@ def distill_loss(
         t_out = t_qkv = None
         if needs_teacher:
             with torch.no_grad():
-                t_out = teacher(**inputs, output_hidden_states=True)
+                t_out = teacher(**inputs, output_hidden_states=True) if insides else logits_from(**inputs)
                 t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if needs_qkv else None
         s_out = student(**inputs, output_hidden_states=True)
         total = s_out.hidden_states[-1].new_zeros(())
@@ -96,16 +100,17 @@ def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
             loss_fn=distill_loss(cfg, teacher, projections, task=False),
         )
         phases["transfer"] = result.report()
-        loss = distill_loss(cfg.model_copy(update={"relation": 0.0, "hidden": 0.0}), teacher, None, task=True)
+        output_only = cfg.model_copy(update={"relation": 0.0, "hidden": 0.0})
+        loss = distill_loss(output_only, teacher, None, task=True, outputs=ctx.kd_teacher)
         params = list(student.named_parameters())
     else:
-        loss = distill_loss(cfg, teacher, projections, task=True)
+        loss = distill_loss(cfg, teacher, projections, task=True, outputs=ctx.kd_teacher)
     result = train(
         student,
         ctx.train,
         ctx.validation,
         cfg.train,
-        teacher=teacher,
+        teacher=ctx.kd_teacher,  # train() moves it, and the teacher inside it, to the training device
         params=params,
         loss_fn=loss,
         desc="distill: task",

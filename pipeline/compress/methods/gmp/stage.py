@@ -49,7 +49,7 @@ def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
         ctx.train,
         ctx.validation,
         cfg.train,
-        teacher=ctx.teacher,
+        teacher=ctx.kd_teacher,
         before_step=before_step,
         state=masker,  # the masks of the last update, which a resumed run starts from
         desc="gmp pruning",

@@ -152,6 +152,6 @@ def apply(model: nn.Module, cfg: MlpFusionConfig, ctx: StageContext) -> nn.Modul
             desc="layer-wise tuning",
         )
         report["tuning"] = tuned.report()
-    result = train(model, ctx.train, ctx.validation, cfg.train, teacher=ctx.teacher, desc="task training")
+    result = train(model, ctx.train, ctx.validation, cfg.train, teacher=ctx.kd_teacher, desc="task training")
     report["training"] = result.report()
     return model
