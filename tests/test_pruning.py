@@ -192,20 +192,32 @@ def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
 
 
 def test_smp_recovery_trains_surviving_weights_at_the_fixed_mask():
-    ctx = _context()
-    cfg = SmpConfig(
-        sparsity=0.5,
-        prune_steps=2,
-        recover_steps=3,
-        train=TrainConfig(max_steps=3, batch_size=16, lr=2e-2, warmup_ratio=0),
-    )
-    before = _weights(ctx.teacher)
-    model = smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx)
-    after = _weights(model)
-    kept_units = ctx.report["mask"]["kinds"]
-    assert ctx.report["recovery"]["steps"] == 3
-    assert any(not torch.equal(after[k][after[k] != 0], before[k][after[k] != 0]) for k in after)  # weights moved
-    # the pruned heads and neurons stayed pruned: compaction removes exactly what the mask dropped
-    report = compact_(model)
-    assert sum(report["removed_heads"]) == kept_units["head"]["units"] - kept_units["head"]["kept"]
-    assert sum(report["removed_ffn_neurons"]) == kept_units["neuron"]["units"] - kept_units["neuron"]["kept"]
+    """Structured masks: the pruned heads and neurons are removed before recovery (outputs unchanged), recovery
+    moves the survivors, and nothing pruned comes back."""
+
+    ctx = _context()  # one context: its tokenizer is trained anew each time, not always to the same ids
+
+    def smp(recover_steps: int):
+        ctx.report = {}
+        cfg = SmpConfig(
+            sparsity=0.5,
+            prune_steps=2,
+            recover_steps=recover_steps,
+            train=TrainConfig(max_steps=3, batch_size=16, lr=2e-2, warmup_ratio=0),
+        )
+        return smp_apply(copy.deepcopy(ctx.teacher), cfg, ctx), ctx.report
+
+    masked, _ = smp(0)  # the same seeded mask training, no recovery: the masks baked in
+    compact_(masked)
+    model, report = smp(3)
+    kept = report["mask"]["kinds"]
+    assert report["recovery"]["steps"] == 3
+    compacted = report["compacted_before_recovery"]
+    assert compacted["max_abs_diff"] <= 1e-4
+    assert sum(compacted["heads"]) == kept["head"]["kept"] and sum(compacted["ffn_widths"]) == kept["neuron"]["kept"]
+    assert head_counts(model) == head_counts(masked) and ffn_widths(model) == ffn_widths(masked)
+    before, after = masked.state_dict(), model.state_dict()
+    assert before.keys() == after.keys() and all(before[k].shape == after[k].shape for k in after)
+    assert any(not torch.equal(after[k], before[k]) for k in after if "encoder" in k)  # recovery moved survivors
+    removed = compact_(model)
+    assert sum(removed["removed_heads"]) == 0 and sum(removed["removed_ffn_neurons"]) == 0
