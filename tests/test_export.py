@@ -153,3 +153,25 @@ def test_static_int8_is_close_to_fp32_and_batch_invariant(dev_texts, tmp_path):
     )  # padded to the longest
     assert (alone.argmax(1) == fp32.argmax(1)).mean() >= 0.9
     assert np.abs(alone - batched).max() < 1e-4  # batch-invariant
+
+
+def _int8_weights(path) -> list[np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    return [numpy_helper.to_array(t) for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+
+
+def test_int8_weights_take_seven_bits_so_cpus_without_vnni_do_not_saturate(tmp_path):
+    """VPMADDUBSW (AVX2, AVX-512 without VNNI) adds two u8 x s8 products into a saturating int16: weights in
+    [-64, 63] keep every such sum in range, so the int8 graph is right on any x86 CPU it is served on."""
+    model, tokenizer = tiny_model("bert", layers=2), tiny_tokenizer("bert")
+    export_optimized(model, tokenizer, tmp_path / "dynamic")
+    train = load_task_data("sst2", source="sample", max_train=16).train
+    export_optimized(model, tokenizer, tmp_path / "static", calibration=encode(tokenizer, train, 64).features)
+    for mode in ("dynamic", "static"):
+        weights = _int8_weights(tmp_path / mode / "model.int8.onnx")
+        assert weights, mode
+        assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 64, mode
+        assert min(int(w.min()) for w in weights) < -32, mode  # the 7 bits are used, not a narrower range

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 DENSE_STEM = "dense"
 DENSE_GRAPHS = {"fp32": f"{DENSE_STEM}.onnx", "int8": f"{DENSE_STEM}.int8.onnx"}  # in the work folder, for bench
-DENSE_EXPORT_VERSION = "2"  # bump when the dense export, fusion, int8 or entry layout changes (2: the stage report)
+# bump when the dense export, fusion, int8 or entry layout changes (2: the stage report; 3: 7-bit int8 weights)
+DENSE_EXPORT_VERSION = "3"
 
 
 def dense_graphs(teacher_dir: str, cache_dir: str, calibration: list[dict] | None = None) -> tuple[Path, bool]:
