@@ -80,6 +80,17 @@ def test_the_searched_shape_meets_its_target_on_the_table(target):
                     assert layers * (4 * 384 * 32 * heads + 2 * 384 * ffn) <= shape.params
 
 
+def test_a_head_floor_keeps_heads_and_still_meets_the_target():
+    t = synthetic_table()
+    free = search_shape(t, 6.0, [3])
+    floored = search_shape(t, 6.0, [3], min_heads=free.heads + 2)
+    assert floored.heads == free.heads + 2 and floored.ffn < free.ffn
+    assert t.dense_fp32_ms / t.predict_ms(3, floored.heads, floored.ffn) >= 6.0
+    assert search_shape(t, 1.5, [3], min_heads=99).heads == t.teacher["heads"]  # capped at the teacher's
+    with pytest.raises(PipelineError, match=r"of 12 head\(s\)"):
+        search_shape(t, 9.0, [6], min_heads=12)
+
+
 def test_an_unreachable_target_is_one_line():
     with pytest.raises(PipelineError, match=r"--target-speedup 500.*predicted at"):
         search_shape(synthetic_table(), 500.0, [1, 2])

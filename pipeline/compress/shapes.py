@@ -82,17 +82,21 @@ def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
     return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
 
 
-def search_shape(table: LatencyTable, target: float, layer_options: list[int], headroom: float = 0.0) -> Shape:
+def search_shape(
+    table: LatencyTable, target: float, layer_options: list[int], headroom: float = 0.0, min_heads: int = 1
+) -> Shape:
     """The shape (L layers of h heads and f FFN neurons each) whose predicted speedup over the dense fp32 teacher
-    is at least `target` × (1 + `headroom`), keeping the most encoder weights (more layers win a tie).
+    is at least `target` × (1 + `headroom`), keeping the most encoder weights (more layers win a tie), with at
+    least `min_heads` heads a layer.
 
     Raises:
-        PipelineError: no shape with at least one head and one FFN step per layer meets the target.
+        PipelineError: no shape with at least `min_heads` heads and one FFN step per layer meets the target.
     """
     budget = table.dense_fp32_ms / (target * (1 + headroom))
     best: Shape | None = None
+    min_heads = min(min_heads, table.teacher["heads"])
     for layers in sorted(set(layer_options)):
-        for heads in range(1, table.teacher["heads"] + 1):
+        for heads in range(min_heads, table.teacher["heads"] + 1):
             for ffn in range(FFN_STEP, table.teacher["ffn"] + 1, FFN_STEP):
                 ms = table.predict_ms(layers, heads, ffn)
                 if ms > budget:
@@ -101,10 +105,11 @@ def search_shape(table: LatencyTable, target: float, layer_options: list[int], h
                 if best is None or (params, layers) > (best.params, best.layers):
                     best = Shape(layers, heads, ffn, round(ms, 4), round(table.dense_fp32_ms / ms, 3), params)
     if best is None:
-        fastest = table.predict_ms(min(layer_options), 1, FFN_STEP)
+        fastest = table.predict_ms(min(layer_options), min_heads, FFN_STEP)
         raise PipelineError(
-            f"--target-speedup {target} (planned {headroom:.0%} above it): even {min(layer_options)} layer(s) of 1 "
-            f"head and {FFN_STEP} FFN neurons are predicted at {table.dense_fp32_ms / fastest:.2f}x on this machine"
+            f"--target-speedup {target} (planned {headroom:.0%} above it): even {min(layer_options)} layer(s) of "
+            f"{min_heads} head(s) and {FFN_STEP} FFN neurons are predicted at {table.dense_fp32_ms / fastest:.2f}x "
+            "on this machine"
         )
     return best
 

@@ -192,7 +192,8 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     record = table_record(teacher_dir, config.target, config.bench, cache_dir)
     table = LatencyTable.from_dict(record)
     target = config.target
-    shape = search_shape(table, target.speedup, layer_options(config, table.teacher["layers"]), target.headroom)
+    options = layer_options(config, table.teacher["layers"])
+    shape = search_shape(table, target.speedup, options, target.headroom, target.min_heads)
     aim = target.speedup * (1 + target.headroom)
     planned = apply_shape(config, shape, table.teacher)
     log.info(
