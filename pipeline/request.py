@@ -24,7 +24,7 @@ from pipeline.config.recipes import (
 from pipeline.config.schema import CustomTask, DeployConfig, parse
 from pipeline.data.corpus import read_corpus
 from pipeline.data.loaders import DataRef, resolve_source
-from pipeline.data.tasks import TaskSpec, get_task, load_task_file, task_spec
+from pipeline.data.tasks import SEQUENCE, TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_new_folder, check_writable_dir
@@ -169,8 +169,13 @@ def prepare_request(
     devices = {"teacher.device": config.teacher.device}
     chain = chain_configs(config)
     for m, method_cfg in chain:
-        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
+        if method_cfg.train.augment is not None and spec.kind != SEQUENCE:
+            raise PipelineError(
+                f"{section}.train.augment replaces words of sentence-classification examples; task {spec.name} is "
+                f"{spec.kind}"
+            )
+        method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
     check_lengths(config, chain, model_cfg)

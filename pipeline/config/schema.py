@@ -41,7 +41,26 @@ class FrozenModel(BaseModel):
 UNCAPPED_EPOCHS = 1e9  # a phase's step count is its whole budget, however small the training set
 
 
-NEWER_DEFAULTS = {"precision": "fp32", "group_by_length": False}  # TrainConfig fields added after stages were cached
+# TrainConfig fields added after stages were cached
+NEWER_DEFAULTS = {"precision": "fp32", "group_by_length": False, "augment": None}
+
+
+class AugmentConfig(FrozenModel):
+    """Augmented training sentences for output KD (TinyBERT's word replacement; see `pipeline.train.augment`).
+
+    Attributes:
+        copies: augmented sentences per training example, added to the training split without labels (the
+            teacher's outputs are their targets; the label loss skips them).
+        p: chance that a word is replaced, when it has neighbours.
+        neighbours: a word is replaced by one of its this many nearest words, by the cosine of the teacher's input
+            embeddings, among the one-token words of the training texts.
+        seed: draws the replacements.
+    """
+
+    copies: int = Field(1, ge=1, le=50)
+    p: float = Field(0.4, gt=0, le=1)
+    neighbours: int = Field(15, ge=1, le=200)
+    seed: int = 0
 
 
 class TrainConfig(FrozenModel):
@@ -69,6 +88,8 @@ class TrainConfig(FrozenModel):
             out of the serialised config while `fp32`, so the cache keys of fp32 stages stay what they were.
         group_by_length: batch examples of similar length together (within spans of 50 batches, the batches then
             shuffled), so batches pad less; left out of the serialised config while off, as `precision` is.
+        augment: add augmented, unlabelled copies of the training sentences, distilled from the teacher's outputs
+            (sentence tasks; needs `kd_alpha` > 0); None: the training split as it is.
     """
 
     max_steps: int = Field(300, ge=0)
@@ -87,6 +108,13 @@ class TrainConfig(FrozenModel):
     device: str = Field("auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
     precision: Literal["fp32", "bf16"] = "fp32"
     group_by_length: bool = False
+    augment: AugmentConfig | None = None
+
+    @model_validator(mode="after")
+    def _augment_needs_kd(self) -> TrainConfig:
+        if self.augment is not None and self.kd_alpha == 0:
+            raise ValueError("train.augment adds sentences without labels: it needs kd_alpha above 0 (output KD)")
+        return self
 
     @model_serializer(mode="wrap")
     def _newer_defaults_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pipeline.data.loaders import DataRef, TaskData
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model, save_model
 from pipeline.stages import compact
+from pipeline.train.augment import with_augmented
 from pipeline.train.teacher_outputs import TeacherOutputs
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,12 @@ def _compress_one(
         for p in teacher.parameters():
             p.requires_grad_(False)
         train_enc, val_enc = encode_task(tokenizer, data, method_cfg.train.max_length)
+        augmented = None
+        if method_cfg.train.augment is not None:  # unlabelled copies for output KD, before the method sees the split
+            train_enc, augmented = with_augmented(
+                train_enc, data.train, tokenizer, teacher, method_cfg.train.augment, method_cfg.train.max_length
+            )
+            log.info("augmented training split: %s", augmented)
         outputs = TeacherOutputs(teacher, Path(cache_dir) / OUTPUTS_DIR / f"{teacher_digest}.npz")
         ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model, teacher_outputs=outputs)
         began = time.perf_counter()
@@ -94,6 +101,8 @@ def _compress_one(
         model = method.apply(student, method_cfg, ctx)
         outputs.save()  # for the next stage and the next run that distils from this teacher
         ctx.report["teacher_outputs"] = {"read_back": outputs.hits, "computed": outputs.misses}
+        if augmented is not None:
+            ctx.report["augmented"] = augmented
         ctx.report["seconds"] = round(time.perf_counter() - began, 1)
         save_model(model, tokenizer, out)
         write_report(out, ctx.report)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config.schema import TrainConfig
+from pipeline.data.encoding import IGNORED
 from pipeline.errors import PipelineError
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -195,8 +196,10 @@ def task_loss(
     logits: torch.Tensor, labels: torch.Tensor, t_logits: torch.Tensor | None, cfg: TrainConfig
 ) -> torch.Tensor:
     """(1 − α)·CE + α·T²·KL(teacher ‖ student) at temperature T (α = `kd_alpha`; CE only without teacher logits),
-    over `prediction_rows`."""
-    ce = F.cross_entropy(logits, labels)
+    over `prediction_rows`. CE averages over the labelled rows; a batch of unlabelled rows only (augmented
+    sentences, `train.augment`) has none, and KD alone."""
+    labelled = labels != IGNORED
+    ce = F.cross_entropy(logits[labelled], labels[labelled]) if bool(labelled.any()) else logits.sum() * 0.0
     alpha, t = cfg.kd_alpha, cfg.kd_temperature
     if t_logits is None or alpha == 0:
         return ce
