@@ -22,10 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
+import numpy as np
+import onnxruntime as ort
 
-from export.sessions import physical_cores  # noqa: E402
+from export.sessions import physical_cores
 
 GROUPS = {
     "integer matmul": {"MatMulInteger", "QAttention", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"},
