@@ -79,15 +79,18 @@ def _structure_line(c: dict, teacher: dict | None) -> str:
     )
 
 
-def _mask_lines(mask: dict | None, compaction: dict) -> list[str]:
-    """What a pruning mask kept, what compaction could remove, and the zeros a dense runtime still multiplies."""
+def _mask_lines(compress: dict, compaction: dict) -> list[str]:
+    """What a pruning mask kept, what compaction could remove (SMP compacts once already, before its recovery),
+    and the zeros a dense runtime still multiplies."""
+    mask = compress.get("mask")
     if not mask:
         return []
     kept = ", ".join(f"{k} {v['kept']}/{v['units']}" for k, v in mask["kinds"].items())
     z = compaction.get("remaining_zeros", {})
+    early = compress.get("compacted_before_recovery") or {}
     removed_heads, removed_neurons = (
-        sum(compaction.get("removed_heads", [])),
-        sum(compaction.get("removed_ffn_neurons", [])),
+        sum(compaction.get("removed_heads", [])) + sum(early.get("removed_heads", [])),
+        sum(compaction.get("removed_ffn_neurons", [])) + sum(early.get("removed_ffn_neurons", [])),
     )
     return [
         f"Mask: kept {kept} ({100 * mask['kept_fraction']:.1f}% of the masked weights). Compaction removed "
@@ -130,7 +133,7 @@ def render_markdown(report: dict) -> str:
     if c:
         teacher = report.get("speed", {}).get("shapes", {}).get("dense")
         lines += ["## Structure", "", _structure_line(c, teacher), ""]
-        lines += _mask_lines(report.get("compress", {}).get("mask"), c)
+        lines += _mask_lines(report.get("compress", {}), c)
     s = report.get("speed", {})
     if s:
         dev = s["device"]

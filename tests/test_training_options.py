@@ -20,6 +20,7 @@ def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_d
 
     assert "precision" not in TrainConfig().model_dump()  # fp32 stages keep the keys they had before bf16 existed
     assert TrainConfig(precision="bf16").model_dump()["precision"] == "bf16"
+    assert TrainConfig().model_dump(include={"lr"}) == {"lr": TrainConfig().lr}  # Prefect dumps parts of configs
     base = ["config.layers=[1]", "config.tune_steps=0", *(f"config.{o}" for o in STEPS)]
     fp32, bf16 = (
         compress(

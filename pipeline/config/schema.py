@@ -121,7 +121,7 @@ class TrainConfig(FrozenModel):
         """Settings added after stages were cached are left out at their defaults: those stages keep their keys."""
         data = handler(self)
         for key, default in NEWER_DEFAULTS.items():
-            if data.get(key) == default:
+            if key in data and data[key] == default:
                 del data[key]
         return data
 

@@ -124,4 +124,5 @@ def compact_exactly_(model: nn.Module, masker: Masker, ctx: StageContext, exampl
     diff = float((before - after).abs().max())
     if not diff <= COMPACTION_CHECK_ATOL:
         raise PipelineError(f"smp: compacting before recovery changed the outputs by {diff:.2e}")
-    return {"heads": report["heads"], "ffn_widths": report["ffn_widths"], "max_abs_diff": diff}
+    keys = ("heads", "ffn_widths", "removed_heads", "removed_ffn_neurons")
+    return {**{k: report[k] for k in keys}, "max_abs_diff": diff}
