@@ -257,3 +257,44 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
     else:
         assert plan["method"] == "smp"
         assert plan["config"]["smp"]["mask"]["shape"] == {"heads": s["heads"], "ffn": s["ffn"]}
+
+
+def test_a_student_folder_is_planned_on_its_own_shape_against_the_dense_teacher(
+    classifier_dirs, tmp_path, monkeypatch
+):
+    """A narrower student (a general student, say): the probes are cut from it, the baseline is the dense fp32
+    teacher, the student keeps its depth and SMP prunes its own heads and neurons."""
+    from pipeline.compress.methods.distill.general_student import build_general_student
+    from pipeline.models.folders import load_tokenizer
+    from pipeline.models.io import load_model, save_model
+    from pipeline.stages.plan import measure_table
+    from pipeline.stages.plan import run as plan_target
+
+    _machine_says(monkeypatch, [False])
+    teacher = str(classifier_dirs["bert"])
+    student_dir = tmp_path / "student"
+    narrow, _ = build_general_student(
+        load_model(teacher), {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32}, "teacher", 0
+    )
+    save_model(narrow, load_tokenizer(teacher), student_dir)
+    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5", f"config.distill.student.path={student_dir}"]
+    cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *quick])
+    table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path), str(student_dir))
+    assert table.teacher == {"layers": 1, "heads": 2, "ffn": 32, "hidden": 16, "head_dim": 8}
+    assert layer_options(cfg, 1) == [1]
+    dense = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))  # the teacher's own table: another entry
+    assert dense.teacher["hidden"] == 32
+    reachable = table.dense_fp32_ms / table.predict_ms(1, 1, 32)
+    if reachable < 1.02:  # the tiny teacher is too cheap for its narrow student to be faster: out of reach
+        with pytest.raises(PipelineError, match="predicted at"):
+            plan_target(cfg, teacher, str(tmp_path))
+        return
+    target = 1 + (reachable - 1) / 2
+    cfg = build_deploy_config(
+        "distill+smp", "sst2", overrides=[f"target.speedup={target}", "target.headroom=0", *quick]
+    )
+    plan = plan_target(cfg, teacher, str(tmp_path))
+    assert plan["shape"]["layers"] == 1 and plan["table"]["cache"] == "hit"
+    assert plan["method"].startswith("distill") and plan["config"]["distill"]["student"]["path"] == str(student_dir)
+    if plan["method"] == "distill+smp":
+        assert plan["config"]["smp"]["mask"]["shape"] == {"heads": plan["shape"]["heads"], "ffn": plan["shape"]["ffn"]}

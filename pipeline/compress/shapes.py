@@ -114,12 +114,20 @@ def search_shape(
     return best
 
 
-def layer_options(config: DeployConfig, teacher_layers: int) -> list[int]:
-    """Depths the search may pick: up to the teacher's when the chain starts by building a student (distill),
-    else the teacher's."""
-    if not parse_chain(config.method)[0].builds_student:
-        return [teacher_layers]
-    return [n for n in (config.target.layers or range(1, teacher_layers + 1)) if 1 <= n <= teacher_layers]
+def student_folder(config: DeployConfig) -> str | None:
+    """The student folder the chain's first stage distils into (`config.student.path`, e.g. a general student),
+    whose own shape the plan then prunes; None when the student is cut from the teacher."""
+    method, cfg = chain_configs(config)[0]
+    student = getattr(cfg, "student", None) if method.builds_student else None
+    return getattr(student, "path", None)
+
+
+def layer_options(config: DeployConfig, layers: int) -> list[int]:
+    """Depths the search may pick: up to `layers` (the teacher's) when the chain starts by cutting a student from
+    the teacher (distill), else `layers` (the teacher's, or a student folder's own)."""
+    if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
+        return [layers]
+    return [n for n in (config.target.layers or range(1, layers + 1)) if 1 <= n <= layers]
 
 
 def check_target_chain(method: str) -> None:

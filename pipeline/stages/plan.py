@@ -20,18 +20,29 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
 from export.onnx import export_optimized, library_versions
 from export.sessions import physical_cores
 from pipeline.cache import cached_build, key_of
 from pipeline.compress.compaction import cut_from
-from pipeline.compress.shapes import LatencyTable, apply_shape, check_target_chain, layer_options, search_shape
+from pipeline.compress.shapes import (
+    LatencyTable,
+    apply_shape,
+    check_target_chain,
+    layer_options,
+    search_shape,
+    student_folder,
+)
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
 from pipeline.errors import PipelineError
 from pipeline.models.families import Arch, arch_of
 from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
 from serving.artifact import CONFIG, GRAPHS
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +66,28 @@ def grid(arch: Arch, target: TargetConfig) -> tuple[list[int], list[int]]:
     return h, f
 
 
-def measure_table(teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str) -> LatencyTable:
-    """The latency table for the teacher's architecture on this machine (cached when measured quiet)."""
-    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir))
+def measure_table(
+    teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str, planned_on: str | None = None
+) -> LatencyTable:
+    """The latency table for the architecture of `planned_on` (default: the teacher) on this machine, against the
+    dense fp32 teacher (cached when measured quiet)."""
+    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir, planned_on))
 
 
-def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str) -> dict:
+def table_record(
+    teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str, planned_on: str | None = None
+) -> dict:
     """The table's fields plus "device", "machine" (the load it was measured under) and "cache" (what the cache
-    did: "hit", "stored", or "not stored: busy").
+    did: "hit", "stored", or "not stored: busy"). The probes are cut from `planned_on` (a student folder of its
+    own shape, e.g. a narrower general student; default: the teacher), the baseline is the dense fp32 teacher.
 
     Raises:
         PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
     """
-    cfg = json.loads((Path(teacher_dir) / CONFIG).read_text())
+    planned_on = planned_on or teacher_dir
+    cfg = json.loads((Path(planned_on) / CONFIG).read_text())
     arch = arch_of(cfg)
+    baseline = arch_of(json.loads((Path(teacher_dir) / CONFIG).read_text()))
     heads, ffn = grid(arch, target)
     threads = bench.threads or physical_cores()
     key = key_of(
@@ -76,6 +95,7 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
         v=TABLE_VERSION,
         family=cfg["model_type"],
         arch=dataclasses.asdict(arch),
+        baseline=dataclasses.asdict(baseline) if baseline != arch else None,
         heads=heads,
         ffn=ffn,
         shape=(target.batch, target.seq),
@@ -94,7 +114,7 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
 
     def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
-            models, direct = _export_probes(teacher_dir, heads, ffn, Path(tmp), cache_dir)
+            models, direct = _export_probes(teacher_dir, planned_on, heads, ffn, Path(tmp), cache_dir)
             record = _measure_until_quiet(
                 lambda: _time_probes(models, direct, arch, heads, ffn, settings), target, settings
             )
@@ -111,19 +131,33 @@ def table_record(teacher_dir: str, target: TargetConfig, bench: BenchSettings, c
     return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
 
 
-def _export_probes(teacher_dir: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str) -> tuple[dict, bool]:
-    """Every probe's int8 graph, and the dense fp32 teacher's (the graph deploy benchmarks), by probe name; and
-    whether the fixed-cost probe has no layer (True) or is the two-layer fallback."""
-    from pipeline.models.families import family_of
-    from pipeline.models.io import load_model
+def _probe_source(teacher_dir: str, planned_on: str) -> nn.Module:
+    """`planned_on` with a head of the teacher's kind: a general student is a bare encoder, and which labels its
+    new head has costs nothing measurable."""
+    from pipeline.data.tasks import TASKS
+    from pipeline.models.folders import head_kind
+    from pipeline.models.io import load_base_model, load_model
 
-    teacher = load_model(teacher_dir)
+    if head_kind(json.loads((Path(planned_on) / CONFIG).read_text())):
+        return load_model(planned_on)
+    kind = head_kind(json.loads((Path(teacher_dir) / CONFIG).read_text()))
+    return load_base_model(planned_on, next(t for t in TASKS.values() if t.kind == kind))
+
+
+def _export_probes(
+    teacher_dir: str, planned_on: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str
+) -> tuple[dict, bool]:
+    """Every probe's int8 graph (cut from `planned_on`), and the dense fp32 teacher's (the graph deploy
+    benchmarks), by probe name; and whether the fixed-cost probe has no layer (True) or is the two-layer fallback."""
+    from pipeline.models.families import family_of
+
+    model = _probe_source(teacher_dir, planned_on)
     probes: dict[str, tuple[int, int | None, int | None]] = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
-    direct = family_of(teacher).runs_without_layers
+    direct = family_of(model).runs_without_layers
     probes[FIXED_PROBE] = (0, None, None) if direct else (2, heads[0], ffn[0])
     models = {}
     for name, (n, h, f) in probes.items():
-        export_optimized(cut_from(teacher, list(range(n)), h, f)[0], None, tmp / name)
+        export_optimized(cut_from(model, list(range(n)), h, f)[0], None, tmp / name)
         models[name] = tmp / name / GRAPHS["int8"]
     models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
     return models, direct
@@ -189,7 +223,7 @@ def _worst(machine: dict) -> float:
 def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
     check_target_chain(config.method)
-    record = table_record(teacher_dir, config.target, config.bench, cache_dir)
+    record = table_record(teacher_dir, config.target, config.bench, cache_dir, student_folder(config))
     table = LatencyTable.from_dict(record)
     target = config.target
     options = layer_options(config, table.teacher["layers"])

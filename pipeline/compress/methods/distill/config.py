@@ -96,9 +96,13 @@ class DistillConfig(TransferLosses, MethodConfig):
         return self
 
     def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> DistillConfig | None:
-        """The student at the planned depth (its width is the pruner's to set); None when every layer stays."""
+        """The student at the planned depth (its width is the pruner's to set); None when every layer stays.
+        A student folder (`student.path`) keeps its own depth: the plan was made on its shape (`teacher` is then
+        the student's) and prunes its heads and neurons."""
         if self.student.path is not None:
-            raise PipelineError("--target-speedup plans the student's depth; it cannot with config.student.path set")
+            if layers != teacher["layers"]:
+                raise PipelineError(f"a student folder keeps its {teacher['layers']} layers; the plan chose {layers}")
+            return self
         if layers == teacher["layers"]:
             return None  # the teacher's own depth: nothing to distill
         return self.updated(student={**self.student.model_dump(), "layers": layers})
