@@ -1,13 +1,16 @@
 """Where an ONNX graph's time goes, by operator type: ONNX Runtime's own profiler over timed runs.
 
-    python benchmarks/op_profile.py NAME=PATH.onnx [NAME=PATH.onnx ...] [--teacher DIR --shape LxHxF ...]
+    python benchmarks/op_profile.py NAME=PATH.onnx [NAME=PATH.onnx ...] [--teacher DIR --shape LxHxF[:relu] ...]
                                     [--batch 8] [--seq 128] [--runs 10] [--threads N] [--json out.json]
+                                    [--keep DIR]
 
 Each graph (or each `--shape` cut from `--teacher` and exported as an artifact is, int8) runs `--runs` times at
 batch x seq after two warm-up runs, with ORT's profiling on; the node events are summed per operator type and
 grouped: integer matmuls (what int8 speeds up), float matmuls, quantising activations (DynamicQuantizeLinear and
 its kin, the price of dynamic int8), normalisation and elementwise float work (LayerNorm, GELU, Softmax, Add, ...:
 what int8 cannot speed up), and the rest. The share left in float ops bounds what int8 can still give.
+A shape ending in `:relu` has its FFN activations swapped for ReLU (a distill student's `activation: relu`);
+`--keep DIR` keeps the cut graphs (DIR/SHAPE/model.int8.onnx) for `benchmarks/latency.py` to time end to end.
 Run it on a quiet machine.
 """
 
@@ -90,13 +93,19 @@ def cut_graphs(teacher: str, shapes: list[str], out: Path) -> dict[str, Path]:
     from export.onnx import export_optimized
     from pipeline.compress.compaction import cut_from
     from pipeline.models.io import load_model
+    from pipeline.models.layers import set_activation_
     from serving.artifact import GRAPHS
 
     model, graphs = load_model(teacher), {}
     for text in shapes:
-        layers, heads, ffn = (int(x) for x in text.split("x"))
-        export_optimized(cut_from(model, list(range(layers)), heads, ffn)[0], None, out / text)
-        graphs[text] = out / text / GRAPHS["int8"]
+        shape, _, activation = text.partition(":")
+        layers, heads, ffn = (int(x) for x in shape.split("x"))
+        cut = cut_from(model, list(range(layers)), heads, ffn)[0]
+        if activation:
+            set_activation_(cut, activation)
+        name = text.replace(":", "-")
+        export_optimized(cut, None, out / name)
+        graphs[text] = out / name / GRAPHS["int8"]
     return graphs
 
 
@@ -104,13 +113,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("graphs", nargs="*", metavar="NAME=PATH.onnx")
     parser.add_argument("--teacher")
-    parser.add_argument("--shape", action="append", default=[], help="LxHxF cut from --teacher")
+    parser.add_argument("--shape", action="append", default=[], help="LxHxF[:relu] cut from --teacher")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--threads", type=int, default=physical_cores())
     parser.add_argument("--vocab-size", type=int, default=30000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", type=Path, help="keep the cut graphs in this folder")
     args = parser.parse_args()
     if args.shape and not args.teacher:
         sys.exit("error: --shape needs --teacher")
@@ -122,7 +132,7 @@ def main() -> None:
         graphs[name] = Path(path)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        graphs.update(cut_graphs(args.teacher, args.shape, Path(tmp)) if args.shape else {})
+        graphs.update(cut_graphs(args.teacher, args.shape, args.keep or Path(tmp)) if args.shape else {})
         if not graphs:
             sys.exit("error: no graph to profile")
         for name, path in graphs.items():

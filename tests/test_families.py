@@ -240,3 +240,38 @@ def test_an_unsupported_family_is_refused_by_deploy_in_one_line(tmp_path):
     albert = _albert_dir(tmp_path / "albert")
     result = cli_deploy("--method", "smp", "--task", "sst2", "--model", str(albert), "--output", str(tmp_path))
     assert_one_line_error(result, "model_type 'albert' is not supported (supported: bert, roberta, xlm-roberta")
+
+
+@each_family
+def test_a_relu_student_reloads_and_exports_with_relu(kind, tmp_path):
+    """FastFormers' swap: every FFN activation becomes ReLU (a gated FFN keeps its gate), the config says so, the
+    saved model reloads with it and its ONNX graph computes it."""
+    import onnx
+
+    from pipeline.compress.methods.distill.config import StudentConfig
+    from pipeline.compress.methods.distill.students import build_student
+    from pipeline.data.tasks import TASKS
+
+    teacher = tiny_family_model(kind)
+    gelu, _ = build_student(teacher, StudentConfig(layers=2), TASKS["sst2"])
+    relu, info = build_student(teacher, StudentConfig(layers=2, activation="relu"), TASKS["sst2"])
+    assert info["activation"] == "relu" and "activation" not in StudentConfig(layers=2).model_dump()
+    family = family_of(relu)
+    assert all(isinstance(family.act(b), torch.nn.ReLU) for b in encoder_layers(relu))
+    assert not torch.allclose(sample_logits(relu), sample_logits(gelu))  # the same weights, another function
+    save_model(relu, None, tmp_path / "s")
+    assert json.loads((tmp_path / "s" / "config.json").read_text())[family.activation_field] == "relu"
+    reloaded = load_model(tmp_path / "s")
+    assert torch.equal(sample_logits(reloaded), sample_logits(relu))
+    ops = {}
+    for name, model in (("onnx", reloaded), ("gelu", gelu)):
+        export_optimized(model, None, tmp_path / name)
+        ops[name] = [n.op_type for n in onnx.load(str(tmp_path / name / "model.onnx")).graph.node]
+    gelus = {n: sum(op in ("Gelu", "BiasGelu", "FastGelu", "Erf") for op in o) for n, o in ops.items()}
+    relus = {n: o.count("Relu") for n, o in ops.items()}  # heads keep theirs (ELECTRA: GELU, DistilBERT: ReLU)
+    assert relus["onnx"] == relus["gelu"] + 2 and gelus["onnx"] == gelus["gelu"] - 2
+    ids, mask = sample_inputs()
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    out = session.run(["logits"], {i.name: feeds[i.name] for i in session.get_inputs()})[0]
+    assert np.abs(out - sample_logits(relu).numpy()).max() <= 1e-4

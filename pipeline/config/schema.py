@@ -41,8 +41,19 @@ class FrozenModel(BaseModel):
 UNCAPPED_EPOCHS = 1e9  # a phase's step count is its whole budget, however small the training set
 
 
-# TrainConfig fields added after stages were cached
-NEWER_DEFAULTS = {"precision": "fp32", "group_by_length": False, "augment": None}
+class KeyStableModel(FrozenModel):
+    """A config whose fields added after stages were cached (`newer_defaults`: field -> default) are left out of
+    its serialised form while at their defaults, so those stages keep their cache keys."""
+
+    newer_defaults: ClassVar[dict[str, Any]] = {}
+
+    @model_serializer(mode="wrap")
+    def _newer_defaults_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for key, default in self.newer_defaults.items():
+            if key in data and data[key] == default:  # absent when dumped with include= (Prefect does)
+                del data[key]
+        return data
 
 
 class AugmentConfig(FrozenModel):
@@ -63,7 +74,7 @@ class AugmentConfig(FrozenModel):
     seed: int = 0
 
 
-class TrainConfig(FrozenModel):
+class TrainConfig(KeyStableModel):
     """Budget and optimiser of the shared training loop.
 
     Attributes:
@@ -110,20 +121,13 @@ class TrainConfig(FrozenModel):
     group_by_length: bool = False
     augment: AugmentConfig | None = None
 
+    newer_defaults: ClassVar[dict[str, Any]] = {"precision": "fp32", "group_by_length": False, "augment": None}
+
     @model_validator(mode="after")
     def _augment_needs_kd(self) -> TrainConfig:
         if self.augment is not None and self.kd_alpha == 0:
             raise ValueError("train.augment adds sentences without labels: it needs kd_alpha above 0 (output KD)")
         return self
-
-    @model_serializer(mode="wrap")
-    def _newer_defaults_unsaid(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Settings added after stages were cached are left out at their defaults: those stages keep their keys."""
-        data = handler(self)
-        for key, default in NEWER_DEFAULTS.items():
-            if key in data and data[key] == default:
-                del data[key]
-        return data
 
     def phase(self, max_steps: int, lr: float, **updates: Any) -> TrainConfig:
         """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies)."""

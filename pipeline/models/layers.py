@@ -122,6 +122,17 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
     return family_of(model).layers(model)
 
 
+def set_activation_(model: nn.Module, name: str) -> None:
+    """Every encoder layer's FFN activation made `name` (a transformers activation, e.g. `relu`; a gated FFN keeps
+    its gate: act(x W_in) * (x W_gate)), and written in the config, so the saved model reloads with it."""
+    from transformers.activations import ACT2FN
+
+    family = family_of(model)
+    for block in encoder_layers(model):
+        _place(block, family.activation, ACT2FN[name])
+    setattr(model.config, family.activation_field, name)
+
+
 def ffn_widths(model: nn.Module) -> list[int]:
     family = family_of(model)
     return [block.get_submodule(family.ffn_writer.path).in_features for block in family.layers(model)]

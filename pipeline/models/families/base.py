@@ -54,6 +54,7 @@ class Family:
     ffn_readers: tuple[Matrix, ...]
     ffn_writer: Matrix
     activation: str  # the FFN's activation module
+    activation_field: str = "hidden_act"  # the config field the FFN's activation is built from
     gated: bool = False  # FFN output act(x W_in) * (x W_gate): segment 0 of the reader is W_in, 1 is W_gate
     token_types: bool = True  # the model's forward takes token_type_ids
     runs_without_layers: bool = True  # a copy with no layer left still runs (the latency table's fixed-cost probe)

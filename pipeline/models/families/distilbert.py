@@ -26,6 +26,7 @@ class DistilBert(Family):
     ffn_readers = (Matrix("ffn.lin1", "ffn_in"),)
     ffn_writer = Matrix("ffn.lin2", "ffn_out")
     activation = "ffn.activation"
+    activation_field = "activation"
     token_types = False
     layers_field = "n_layers"
     ffn_field = "hidden_dim"

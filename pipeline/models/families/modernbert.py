@@ -27,6 +27,7 @@ class ModernBert(Family):
     ffn_readers = (Matrix("mlp.Wi", "ffn_in", segments=2),)
     ffn_writer = Matrix("mlp.Wo", "ffn_out")
     activation = "mlp.act"
+    activation_field = "hidden_activation"
     gated = True
     token_types = False
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.config.schema import FrozenModel, MethodConfig, TrainConfig
+from pipeline.config.schema import FrozenModel, KeyStableModel, MethodConfig, TrainConfig
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, load_tokenizer
@@ -16,7 +16,7 @@ from pipeline.models.folders import check_model_dir, load_tokenizer
 HiddenMapping = Literal["single", "last", "uniform", "uniform_cons", "uniform_last"]
 
 
-class StudentConfig(FrozenModel):
+class StudentConfig(KeyStableModel):
     """The student: a subset of the teacher's layers, optionally narrower, or a folder of its own.
 
     Attributes:
@@ -26,6 +26,8 @@ class StudentConfig(FrozenModel):
         ffn: FFN neurons kept per layer, the most important by weight norm (None: all).
         path: a student folder (a classifier, or a bare encoder that gets a new head) instead of teacher layers;
             its tokenizer must equal the teacher's.
+        activation: the student's FFN activation, swapped in before it trains (`relu`: FastFormers' swap; a
+            gated FFN keeps its gate); None: the teacher's.
     """
 
     layers: int | list[int] = 3
@@ -33,6 +35,9 @@ class StudentConfig(FrozenModel):
     heads: int | None = Field(None, ge=1)
     ffn: int | None = Field(None, ge=1)
     path: str | None = None
+    activation: Literal["relu", "gelu"] | None = None
+
+    newer_defaults: ClassVar[dict[str, Any]] = {"activation": None}
 
 
 RelationPair = Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]

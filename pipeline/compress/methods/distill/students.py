@@ -12,7 +12,7 @@ from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, head_kind
 from pipeline.models.io import load_base_model, load_model
-from pipeline.models.layers import encoder_layers
+from pipeline.models.layers import encoder_layers, set_activation_
 
 
 def pick_layers(n_teacher: int, cfg: StudentConfig) -> list[int]:
@@ -31,6 +31,14 @@ def pick_layers(n_teacher: int, cfg: StudentConfig) -> list[int]:
 
 def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
     """A trainable student and a description of how it was made."""
+    student, info = _student(teacher, cfg, task)
+    if cfg.activation is not None:
+        set_activation_(student, cfg.activation)
+        info["activation"] = cfg.activation
+    return student, info
+
+
+def _student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
     if cfg.path is not None:
         config = check_model_dir(cfg.path)
         student = load_model(cfg.path) if head_kind(config) == task.kind else load_base_model(cfg.path, task)
