@@ -165,7 +165,7 @@ def _int8_weights(path) -> list[np.ndarray]:
 
 def test_int8_weights_take_seven_bits_so_cpus_without_vnni_do_not_saturate(tmp_path):
     """VPMADDUBSW (AVX2, AVX-512 without VNNI) adds two u8 x s8 products into a saturating int16: weights in
-    [-64, 63] keep every such sum in range, so the int8 graph is right on any x86 CPU it is served on."""
+    [-64, 64] keep every such sum in range, so the int8 graph is right on any x86 CPU it is served on."""
     model, tokenizer = tiny_model("bert", layers=2), tiny_tokenizer("bert")
     export_optimized(model, tokenizer, tmp_path / "dynamic")
     train = load_task_data("sst2", source="sample", max_train=16).train

@@ -82,9 +82,12 @@ class MaskedLinear(nn.Module):
                 full = m if full is None else full * m
         return full
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def masked_weight(self) -> torch.Tensor:
         m = self.mask()
-        return F.linear(x, self.weight if m is None else self.weight * m, self.bias)
+        return self.weight if m is None else self.weight * m
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.masked_weight(), self.bias)
 
     @torch.no_grad()
     def bake(self) -> nn.Linear:

@@ -101,6 +101,9 @@ class TrainConfig(KeyStableModel):
             shuffled), so batches pad less; left out of the serialised config while off, as `precision` is.
         augment: add augmented, unlabelled copies of the training sentences, distilled from the teacher's outputs
             (sentence tasks; needs `kd_alpha` > 0); None: the training split as it is.
+        fake_quant_steps: the stage's last N training steps see the int8 graph's rounding of every linear's weight
+            and input (quantisation-aware training, `pipeline.train.fake_quant`); in a stage of several phases,
+            the last phase's (SMP: recovery; distill and MLP Fusion: task training). 0: off.
     """
 
     max_steps: int = Field(300, ge=0)
@@ -120,8 +123,14 @@ class TrainConfig(KeyStableModel):
     precision: Literal["fp32", "bf16"] = "fp32"
     group_by_length: bool = False
     augment: AugmentConfig | None = None
+    fake_quant_steps: int = Field(0, ge=0)
 
-    newer_defaults: ClassVar[dict[str, Any]] = {"precision": "fp32", "group_by_length": False, "augment": None}
+    newer_defaults: ClassVar[dict[str, Any]] = {
+        "precision": "fp32",
+        "group_by_length": False,
+        "augment": None,
+        "fake_quant_steps": 0,
+    }
 
     @model_validator(mode="after")
     def _augment_needs_kd(self) -> TrainConfig:
@@ -130,8 +139,10 @@ class TrainConfig(KeyStableModel):
         return self
 
     def phase(self, max_steps: int, lr: float, **updates: Any) -> TrainConfig:
-        """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies)."""
-        return self.model_copy(update={"max_steps": max_steps, "lr": lr, "epochs": UNCAPPED_EPOCHS, **updates})
+        """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies; no
+        fake int8 unless `updates` asks: a stage's last phase has it)."""
+        fixed = {"max_steps": max_steps, "lr": lr, "epochs": UNCAPPED_EPOCHS, "fake_quant_steps": 0}
+        return self.model_copy(update={**fixed, **updates})
 
 
 class MethodConfig(FrozenModel):

@@ -23,6 +23,7 @@ from pipeline import checkpoints, interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import Encoded, iter_batches
 from pipeline.errors import PipelineError
+from pipeline.train.fake_quant import fake_int8
 from pipeline.train.losses import LossFn, classification_loss
 from pipeline.train.metrics import predict_logits, scores
 from pipeline.train.teacher_outputs import TeacherOutputs
@@ -173,7 +174,8 @@ def train(
             batch = {k: v.to(device) for k, v in batch.items()}
             if before_step is not None:
                 before_step(step)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            late = step >= steps - cfg.fake_quant_steps  # the last steps see the int8 graph's rounding
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), fake_int8(model, late):
                 loss = loss_fn(model, batch)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
