@@ -54,8 +54,8 @@ def test_the_loop_rounds_only_the_last_steps_and_a_sub_phase_has_none(classifier
     from pipeline.data.loaders import DataRef
     from pipeline.models.folders import load_tokenizer
     from pipeline.models.io import load_model
-    from pipeline.train.losses import classification_loss
     from pipeline.train.loop import train
+    from pipeline.train.losses import classification_loss
 
     model = load_model(classifier_dirs["bert"])
     data = DataRef("sst2", "sample", None, 64, 16).load()
