@@ -79,10 +79,6 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
             ["--method", "gmp", "--task", "sst2", "--set", "config.dense_cycles=4"],
             "train.cycles must be at least dense_cycles + 2 = 6",
         ),
-        (
-            ["--method", "distill", "--task", "sst2", "--set", "config.train.layer_kd=1"],
-            "distill's hidden-state transfer is `hidden`",
-        ),
         (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
         (
             ["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"],

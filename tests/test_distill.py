@@ -82,3 +82,23 @@ def test_distill_deploys_a_shallower_student(base_dirs, tmp_path):
     assert report["compress"]["hidden_mapping"] == {"1": [2]}
     assert json.loads((artifact / "config.json").read_text())["num_hidden_layers"] == 1
     assert report["speed"]["params"]["compressed"] < report["speed"]["params"]["dense"]
+
+
+def test_layer_kd_into_a_student_folder_of_another_width_is_refused_before_training(classifier_dirs, tmp_path):
+    from pipeline.compress.methods.distill.config import DistillConfig
+    from pipeline.compress.methods.distill.general_student import build_general_student
+    from pipeline.models.folders import load_tokenizer
+    from pipeline.models.io import load_model, save_model
+
+    teacher = classifier_dirs["bert"]
+    narrow, _ = build_general_student(
+        load_model(teacher), {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32}, "teacher", 0
+    )
+    save_model(narrow, load_tokenizer(teacher), tmp_path / "student")
+    config = json.loads((teacher / "config.json").read_text())
+    cfg = DistillConfig(
+        student={"path": str(tmp_path / "student")}, transfer_steps=0, relation=0.0, train={"layer_kd": 1.0}
+    )
+    with pytest.raises(PipelineError, match="the student's width 16 is not the teacher's 32"):
+        cfg.preflight(teacher, teacher, config, get_task("sst2"))
+    cfg.updated(train={"layer_kd": 0.0}).preflight(teacher, teacher, config, get_task("sst2"))  # without: fine

@@ -21,7 +21,7 @@ from pipeline.errors import PipelineError
 from pipeline.models.io import load_model, save_model
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
 from pipeline.train.losses import classification_loss
-from tests.helpers import sample_logits, tiny_model, tiny_tokenizer
+from tests.helpers import sample_logits, tiny_family_model, tiny_model, tiny_tokenizer
 
 ATOL = 1e-5
 LINEARS = (
@@ -147,9 +147,17 @@ def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
     assert classification_loss(ctx.teacher, TrainConfig(layer_kd=2.0))(ctx.teacher, batch).item() == pytest.approx(
         classification_loss(ctx.teacher, TrainConfig())(ctx.teacher, batch).item(), rel=1e-6
     )  # the teacher: no term
-    shallow = tiny_model("bert", layers=1)
-    with pytest.raises(PipelineError, match="layer_kd needs the teacher's depth"):
-        classification_loss(ctx.teacher, TrainConfig(layer_kd=1.0))(shallow, batch)
+    shallow = copy.deepcopy(student)  # a 1-layer student of the same width: its layer against the teacher's last
+    del encoder_layers(shallow)[0]
+    shallow.config.num_hidden_layers = 1
+    h_1 = shallow(**inputs, output_hidden_states=True).hidden_states[1]
+    mse = (h_1 - h_t)[real].square().mean()
+    plain = classification_loss(ctx.teacher, TrainConfig(kd_alpha=0.5))(shallow, batch)
+    layered = classification_loss(ctx.teacher, TrainConfig(kd_alpha=0.5, layer_kd=2.0))(shallow, batch)
+    assert layered.item() == pytest.approx(plain.item() + 2.0 * mse.item(), rel=1e-5)
+    narrow = tiny_family_model("bert", layers=1, heads=2, hidden=16)
+    with pytest.raises(PipelineError, match="the student's width 16 is not the teacher's"):
+        classification_loss(ctx.teacher, TrainConfig(layer_kd=1.0))(narrow, batch)
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])

@@ -89,9 +89,10 @@ class TrainConfig(KeyStableModel):
         eval_every: evaluate on the validation split every N steps (0: only at the end).
         kd_alpha: weight of the distillation term against the teacher's logits (0: hard labels only).
         kd_temperature: softmax temperature of the distillation term.
-        layer_kd: weight of the hidden-state MSE of every layer to the teacher's same layer, added to the loss
-            (0: off). For students that keep the teacher's depth and width (pruning, MLP Fusion); `distill`
-            has its own hidden-state transfer (`config.hidden`).
+        layer_kd: weight of the hidden-state MSE of every layer to a teacher layer, added to the loss (0: off):
+            the same layer for students of the teacher's depth (pruning, MLP Fusion), the uniform mapping for a
+            shallower one (a distilled student, and SMP's recovery after it); the widths must be the teacher's
+            (`distill`'s own hidden-state transfer, `config.hidden`, has projections).
         seed: seeds data order, dropout and initialisation.
         device: `auto` (CUDA when present), `cpu` or `cuda`.
         precision: `fp32`, or `bf16` mixed precision (autocast: matmuls in bfloat16, weights, optimiser and the

@@ -137,13 +137,16 @@ def hidden_loss(
 def layer_hidden_mse(
     student_hidden: Sequence[torch.Tensor], teacher_hidden: Sequence[torch.Tensor], attention_mask: torch.Tensor
 ) -> torch.Tensor:
-    """`hidden_loss` of every layer against the teacher's same layer (students of the teacher's depth and width)."""
-    if len(student_hidden) != len(teacher_hidden):
+    """`hidden_loss` of every student layer against a teacher layer of the same width, no projection: the
+    teacher's same layer, or for a shallower student (distill's, pruned after) the uniform mapping that distill's
+    default student is cut by (student layer i of S against teacher layer round(i·T/S), the last to the last)."""
+    n_student, n_teacher = len(student_hidden) - 1, len(teacher_hidden) - 1
+    if student_hidden[-1].shape[-1] != teacher_hidden[-1].shape[-1]:
         raise PipelineError(
-            f"layer_kd needs the teacher's depth: student {len(student_hidden) - 1} layers, "
-            f"teacher {len(teacher_hidden) - 1}"
+            f"layer_kd compares hidden states directly: the student's width {student_hidden[-1].shape[-1]} is not "
+            f"the teacher's {teacher_hidden[-1].shape[-1]}"
         )
-    layers = {i: [i] for i in range(1, len(student_hidden))}
+    layers = {i: [round(i * n_teacher / n_student)] for i in range(1, n_student + 1)}
     return hidden_loss(student_hidden, teacher_hidden, layers, None, attention_mask)
 
 
@@ -170,7 +173,7 @@ def prediction_rows(out, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tenso
 
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
     """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0, plus
-    `layer_kd` × the hidden-state MSE of every layer to the teacher's same layer when `layer_kd` > 0."""
+    `layer_kd` × the hidden-state MSE of every layer to its teacher layer (`layer_hidden_mse`) when `layer_kd` > 0."""
     use_kd = teacher is not None and (cfg.kd_alpha > 0 or cfg.layer_kd > 0)
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

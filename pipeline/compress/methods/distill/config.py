@@ -94,10 +94,6 @@ class DistillConfig(TransferLosses, MethodConfig):
             raise ValueError(
                 "transfer_steps needs a relation or hidden weight above 0 (the first phase has nothing else)"
             )
-        if self.train.layer_kd:
-            raise ValueError(
-                "train.layer_kd is for students of the teacher's depth; distill's hidden-state transfer is `hidden`"
-            )
         return self
 
     def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> DistillConfig | None:
@@ -137,6 +133,11 @@ class DistillConfig(TransferLosses, MethodConfig):
         student_config = model_config
         if self.student.path is not None:
             student_config = check_student_folder(Path(self.student.path), teacher_dir or model_dir)
+            if self.train.layer_kd and arch_of(student_config).hidden != arch.hidden:
+                raise PipelineError(
+                    f"train.layer_kd compares hidden states directly: the student's width "
+                    f"{arch_of(student_config).hidden} is not the teacher's {arch.hidden} (`hidden` has projections)"
+                )
         if self.relation:
             student_arch = arch_of(student_config)
             widths = [arch.heads * arch.head_dim, student_arch.heads * student_arch.head_dim]
