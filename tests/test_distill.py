@@ -102,3 +102,36 @@ def test_layer_kd_into_a_student_folder_of_another_width_is_refused_before_train
     with pytest.raises(PipelineError, match="the student's width 16 is not the teacher's 32"):
         cfg.preflight(teacher, teacher, config, get_task("sst2"))
     cfg.updated(train={"layer_kd": 0.0}).preflight(teacher, teacher, config, get_task("sst2"))  # without: fine
+
+
+def test_a_narrower_student_keeps_the_teachers_head_size_and_its_most_important_dimensions(tmp_path):
+    from pipeline.compress.methods.distill.config import DistillConfig
+    from pipeline.models.families import arch_of
+    from pipeline.models.io import load_model, save_model
+    from tests.helpers import sample_logits, tiny_family_model
+
+    teacher = tiny_family_model("bert", layers=3, heads=4, hidden=32, ffn=40)  # head size 8
+    student, info = build_student(teacher, StudentConfig(layers=2, hidden=16), get_task("sst2"))
+    student.eval()
+    assert info["teacher_layers"] == [1, 2] and info["heads"] == 2 and info["random"] == []
+    assert head_counts(student) == [2, 2] and ffn_widths(student) == [40, 40]
+    assert student.config.hidden_size == 16 and student.classifier.weight.shape == (2, 16)  # the head narrowed too
+    save_model(student, None, tmp_path / "s")
+    assert torch.equal(sample_logits(load_model(tmp_path / "s")), sample_logits(student))
+    same, _ = build_student(teacher, StudentConfig(layers=3, hidden=32), get_task("sst2"))  # the teacher's width
+    same.eval()
+    assert torch.allclose(sample_logits(same), sample_logits(teacher), atol=1e-6)
+    config = {**teacher.config.to_dict(), "architectures": ["BertForSequenceClassification"]}
+    for student_cfg, error in (
+        ({"hidden": 12}, "must be a multiple of the teacher's head size 8"),
+        ({"hidden": 16, "heads": 2}, "keeps 2 heads a layer: leave out heads"),
+    ):
+        cfg = DistillConfig(student={"layers": 2, **student_cfg}, relation_heads=4)
+        with pytest.raises(PipelineError, match=error):
+            cfg.preflight(tmp_path, None, config, get_task("sst2"))
+    assert arch_of(config).hidden == 32
+    mpnet = {**tiny_family_model("mpnet").config.to_dict(), "architectures": ["MPNetForSequenceClassification"]}
+    with pytest.raises(PipelineError, match="cannot be cut from its teacher at a narrower hidden size"):
+        DistillConfig(student={"layers": 2, "hidden": 12}, relation_heads=4).preflight(
+            tmp_path, None, mpnet, get_task("sst2")
+        )

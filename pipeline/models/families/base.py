@@ -58,6 +58,7 @@ class Family:
     gated: bool = False  # FFN output act(x W_in) * (x W_gate): segment 0 of the reader is W_in, 1 is W_gate
     token_types: bool = True  # the model's forward takes token_type_ids
     runs_without_layers: bool = True  # a copy with no layer left still runs (the latency table's fixed-cost probe)
+    narrows_from_teacher: bool = True  # a student of fewer heads a layer can be cut from it at a narrower hidden size
     layers_field: str = "num_hidden_layers"
     ffn_field: str = "intermediate_size"  # the uniform width in its config (the widest layer once compacted)
 

@@ -55,6 +55,7 @@ class MPNet(Family):
     ffn_writer = Matrix("output.dense", "ffn_out")
     activation = "intermediate.intermediate_act_fn"
     token_types = False
+    narrows_from_teacher = False  # every layer reads one position-bias table, a column per head
 
     def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
         return super().config(model_type, layers, heads, hidden, ffn, **{"pad_token_id": 0, **fields})

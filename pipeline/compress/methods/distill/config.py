@@ -28,6 +28,9 @@ class StudentConfig(KeyStableModel):
             its tokenizer must equal the teacher's.
         activation: the student's FFN activation, swapped in before it trains (`relu`: FastFormers' swap; a
             gated FFN keeps its gate); None: the teacher's.
+        hidden: a narrower hidden size, a multiple of the teacher's head size: heads are kept whole, so a layer
+            keeps hidden / head size of them (the most important), and every tensor, the task head's too, keeps
+            the hidden dimensions that carry the most weight (`general_student.sliced_to`); None: the teacher's.
     """
 
     layers: int | list[int] = 3
@@ -36,8 +39,9 @@ class StudentConfig(KeyStableModel):
     ffn: int | None = Field(None, ge=1)
     path: str | None = None
     activation: Literal["relu", "gelu"] | None = None
+    hidden: int | None = Field(None, ge=1)
 
-    newer_defaults: ClassVar[dict[str, Any]] = {"activation": None}
+    newer_defaults: ClassVar[dict[str, Any]] = {"activation": None, "hidden": None}
 
 
 RelationPair = Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]
@@ -126,6 +130,8 @@ class DistillConfig(TransferLosses, MethodConfig):
                 raise PipelineError(f"student layers {layers} must be distinct indices in [0, {n_teacher})")
             if self.student.heads is not None and self.student.heads > arch.heads:
                 raise PipelineError(f"student heads {self.student.heads} exceed the teacher's {arch.heads}")
+            if self.student.hidden is not None:
+                check_narrower_hidden(self.student, arch, model_config["model_type"])
         if self.teacher_layer is not None and self.teacher_layer > n_teacher:
             raise PipelineError(
                 f"teacher_layer {self.teacher_layer} is out of range (the teacher has {n_teacher} layers)"
@@ -143,6 +149,8 @@ class DistillConfig(TransferLosses, MethodConfig):
             widths = [arch.heads * arch.head_dim, student_arch.heads * student_arch.head_dim]
             if self.student.heads is not None and self.student.path is None:
                 widths[1] = self.student.heads * arch.head_dim
+            if self.student.hidden is not None and self.student.path is None:
+                widths[1] = self.student.hidden
             for width in widths:
                 if width % self.relation_heads:
                     raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
@@ -155,6 +163,25 @@ class DistillConfig(TransferLosses, MethodConfig):
                 else (layers if isinstance(layers, int) else len(layers))
             )
             layer_mapping(self.hidden_mapping, n_teacher, n_student)
+
+
+def check_narrower_hidden(student: StudentConfig, arch: Any, model_type: str) -> None:
+    """A student hidden size the teacher can be narrowed to (heads kept whole, not with `heads` or `path`)."""
+    from pipeline.models.families import family_for
+
+    hidden = student.hidden
+    if hidden > arch.hidden or hidden % arch.head_dim:
+        raise PipelineError(
+            f"student hidden {hidden} must be a multiple of the teacher's head size {arch.head_dim} up to its "
+            f"{arch.hidden} (heads are kept whole)"
+        )
+    if student.heads is not None:
+        raise PipelineError(f"student hidden {hidden} keeps {hidden // arch.head_dim} heads a layer: leave out heads")
+    if hidden < arch.hidden and not family_for(model_type).narrows_from_teacher:
+        raise PipelineError(
+            f"a {model_type} student cannot be cut from its teacher at a narrower hidden size (its layers share one "
+            "position-bias table over all heads): distil a general student with init random instead"
+        )
 
 
 def check_student_folder(path: Path, teacher_dir: Path) -> dict:

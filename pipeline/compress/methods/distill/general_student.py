@@ -40,8 +40,12 @@ def student_config(teacher_config: Any, layers: int, hidden: int, heads: int, ff
     return config
 
 
-def build_general_student(teacher: nn.Module, shape: dict[str, int], init: str, seed: int) -> tuple[nn.Module, dict]:
-    """A base encoder (no task head) at `shape` {layers, hidden, heads, ffn}, and how it was made.
+def build_general_student(
+    teacher: nn.Module, shape: dict[str, int], init: str, seed: int, keep: list[int] | None = None
+) -> tuple[nn.Module, dict]:
+    """An encoder at `shape` {layers, hidden, heads, ffn}, and how it was made: a base encoder from a base
+    teacher, or a model with the teacher's task head (narrowed like every other tensor) from a fine-tuned one.
+    `keep`: the teacher layers it starts from (default: the uniform pick).
 
     Weights of the student that the cut teacher lacks (a pooler the teacher did not load) keep their random
     initialisation; weights of the cut teacher that the student's structure lacks (ModernBERT's first layer has no
@@ -51,10 +55,11 @@ def build_general_student(teacher: nn.Module, shape: dict[str, int], init: str, 
 
     config = student_config(teacher.config, shape["layers"], shape["hidden"], shape["heads"], shape["ffn"])
     torch.manual_seed(seed)
-    student = AutoModel.from_config(config)
+    with_head = teacher.base_model is not teacher  # a base model is its own base_model
+    student = type(teacher)(config) if with_head else AutoModel.from_config(config)
     if init == "random":
         return student, {"init": "random", "seed": seed}
-    keep = pick_layers(len(encoder_layers(teacher)), StudentConfig(layers=shape["layers"]))
+    keep = keep or pick_layers(len(encoder_layers(teacher)), StudentConfig(layers=shape["layers"]))
     cut, _ = cut_from(teacher, keep, shape["heads"], shape["ffn"])
     mine, theirs = student.state_dict(), cut.state_dict()
     shared = {k: v for k, v in theirs.items() if k in mine}

@@ -48,8 +48,28 @@ def _student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn
             )
         return student.requires_grad_(True), {"source": str(cfg.path), "layers": len(encoder_layers(student))}
     keep = pick_layers(len(encoder_layers(teacher)), cfg)
+    if cfg.hidden is not None and cfg.hidden != teacher.config.hidden_size:
+        return _narrower(teacher, cfg, keep)
     student, report = cut_from(teacher, keep, cfg.heads, cfg.ffn)
     info: dict[str, Any] = {"source": "teacher layers", "teacher_layers": keep}
     if report is not None:
         info.update(heads=report["heads"], ffn_widths=report["ffn_widths"])
     return student.requires_grad_(True), info
+
+
+def _narrower(teacher: nn.Module, cfg: StudentConfig, keep: list[int]) -> tuple[nn.Module, dict]:
+    """The picked layers at a narrower hidden size: the most important heads (hidden / head size) and hidden
+    dimensions of every tensor, the task head's included, as a general student is cut (`general_student`)."""
+    from pipeline.compress.methods.distill.general_student import build_general_student
+    from pipeline.models.families import arch_of
+
+    arch = arch_of(teacher.config.to_dict())
+    shape = {
+        "layers": len(keep),
+        "hidden": cfg.hidden,
+        "heads": cfg.hidden // arch.head_dim,
+        "ffn": cfg.ffn or arch.ffn,
+    }
+    student, made = build_general_student(teacher, shape, "teacher", 0, keep=keep)
+    info = {"source": "teacher layers", "teacher_layers": keep, "hidden": cfg.hidden, "heads": shape["heads"]}
+    return student.requires_grad_(True), {**info, "random": made["random"], "dropped": made["dropped"]}
