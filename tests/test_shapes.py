@@ -298,3 +298,67 @@ def test_a_student_folder_is_planned_on_its_own_shape_against_the_dense_teacher(
     assert plan["method"].startswith("distill") and plan["config"]["distill"]["student"]["path"] == str(student_dir)
     if plan["method"] == "distill+smp":
         assert plan["config"]["smp"]["mask"]["shape"] == {"heads": plan["shape"]["heads"], "ffn": plan["shape"]["ffn"]}
+
+
+def _widths() -> tuple[LatencyTable, LatencyTable]:
+    """The synthetic MiniLM table with a per-layer cost outside the matmuls (LayerNorms, residuals: 1 ms), and the
+    same model at hidden 256 (8 heads of 32), every cost but the heads' attention scaled by the width."""
+    wide, s = synthetic_table(), 256 / 384
+    layer = [[wide.fixed_ms + 1.0 + 0.3 * h + 0.004 * f for f in wide.ffn] for h in wide.heads]
+    wide = LatencyTable(wide.heads, wide.ffn, layer, wide.fixed_ms, 2 * (1.0 + 6 * (1.0 + 0.3 * 12 + 0.004 * 1536)),
+                        wide.teacher, 8, 128)  # fmt: skip
+    heads = [1, 2, 4, 6, 8]
+    narrow_layer = [[s * wide.fixed_ms + s * (1.0 + 0.3 * h + 0.004 * f) for f in wide.ffn] for h in heads]
+    teacher = {**wide.teacher, "hidden": 256, "heads": 8}
+    narrow = LatencyTable(heads, wide.ffn, narrow_layer, s * wide.fixed_ms, wide.dense_fp32_ms, teacher, 8, 128)
+    return wide, narrow
+
+
+def test_the_search_takes_a_narrower_hidden_size_where_it_keeps_more_weights():
+    from pipeline.compress.shapes import search_widths
+
+    wide, narrow = _widths()
+    cfg = build_deploy_config(
+        "distill+smp", "sst2", overrides=["target.speedup=8", "config.distill.relation_heads=32"]
+    )
+    for target in (2.5, 8.0, 20.0):
+        shape, table = search_widths([wide, narrow], target, [1, 2, 3, 4, 5, 6])
+        assert table.dense_fp32_ms / table.predict_ms(shape.layers, shape.heads, shape.ffn) >= target
+        best = {t.teacher["hidden"]: search_shape(t, target, [1, 2, 3, 4, 5, 6]) for t in (wide, narrow)}
+        assert shape == max(best.values(), key=lambda b: b.params) and shape.hidden == table.teacher["hidden"]
+        narrower = shape.hidden if shape.hidden != 384 else None
+        planned = apply_shape(cfg, shape, table.teacher, narrower)
+        assert planned.method.startswith("distill") == (shape.layers < 6 or narrower is not None)
+        if planned.method.startswith("distill"):
+            student = planned.config["distill"]["student"]
+            assert student["layers"] == shape.layers and student.get("hidden") == narrower
+        if "smp" in planned.config:
+            assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+    assert search_widths([wide, narrow], 20.0, [1, 2, 3, 4, 5, 6])[0].hidden == 256  # a tight target: narrower
+    assert search_widths([wide, narrow], 2.5, [1, 2, 3, 4, 5, 6])[0].hidden == 384  # a loose one: the teacher's
+    full = apply_shape(cfg, search_shape(narrow, 1.2, [6]), narrow.teacher, 256)  # every layer, but narrower
+    assert full.method.startswith("distill") and full.config["distill"]["student"]["hidden"] == 256
+
+
+def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_dirs, tmp_path, monkeypatch):
+    from pipeline.compress.shapes import check_hidden_options
+    from pipeline.stages.plan import measure_table
+
+    _machine_says(monkeypatch, [False])
+    teacher = str(classifier_dirs["bert"])  # hidden 32, 2 heads of 16
+    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5"]
+    cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *quick])
+    table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path), hidden=16)
+    assert table.teacher == {"layers": 2, "heads": 1, "ffn": 64, "hidden": 16, "head_dim": 16}
+    assert table.heads == [1] and table.predict_ms(1, 1, 64) > table.fixed_ms  # one head: the plane still fits
+    config = json.loads((Path(teacher) / "config.json").read_text())
+    for method, extra, error in (
+        ("smp", [], "the chain must start with distill"),
+        ("distill+smp", ["target.hidden=[24]"], "must be a multiple of the teacher's head size 16"),
+        ("distill+smp", ["target.hidden=[16]"], "relation heads 48 do not divide it"),
+    ):
+        over = ["target.speedup=2", *extra] if extra else ["target.speedup=2", "target.hidden=[16]"]
+        with pytest.raises(PipelineError, match=error):
+            check_hidden_options(build_deploy_config(method, "sst2", overrides=over), config)
+    ok = ["target.speedup=2", "target.hidden=[16]", "config.distill.relation_heads=16"]
+    check_hidden_options(build_deploy_config("distill+smp", "sst2", overrides=ok), config)

@@ -46,8 +46,8 @@ class LatencyTable:
     @cached_property
     def _plane(self) -> tuple[float, float, float]:
         """(a, b, c) of the least-squares fit `one_layer(h, f) - fixed = a + b*h + c*f` over the grid."""
-        if len(self.heads) < 2 or len(self.ffn) < 2:
-            raise PipelineError("a latency table needs at least two grid points per axis")
+        if len(self.ffn) < 2 or (len(self.heads) < 2 and self.teacher["heads"] > 1):
+            raise PipelineError("a latency table needs at least two grid points per axis")  # one head: one point
         rows = [(1.0, h, f) for h in self.heads for f in self.ffn]
         costs = [self.layer_ms[i][j] - self.fixed_ms for i in range(len(self.heads)) for j in range(len(self.ffn))]
         a, b, c = np.linalg.lstsq(np.array(rows), np.array(costs), rcond=None)[0]
@@ -72,6 +72,7 @@ class Shape:
     predicted_ms: float
     predicted_speedup: float
     params: int  # encoder linear weights kept (the search's objective)
+    hidden: int = 0  # the hidden size of the table it was planned on
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +81,27 @@ class Shape:
 def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
     hidden, head_dim = table.teacher["hidden"], table.teacher["head_dim"]
     return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
+
+
+def search_widths(
+    tables: list[LatencyTable], target: float, layer_options: list[int], headroom: float = 0.0, min_heads: int = 1
+) -> tuple[Shape, LatencyTable]:
+    """`search_shape` on the table of each hidden size; the shape that keeps the most encoder weights (the wider
+    on a tie), with its table.
+
+    Raises:
+        PipelineError: no table has a shape that meets the target (the error of the narrowest table's search).
+    """
+    found: list[tuple[Shape, LatencyTable]] = []
+    error: PipelineError | None = None
+    for table in sorted(tables, key=lambda t: -t.teacher["hidden"]):
+        try:
+            found.append((search_shape(table, target, layer_options, headroom, min_heads), table))
+        except PipelineError as e:
+            error = e
+    if not found:
+        raise error or PipelineError("no latency table to plan on")
+    return max(found, key=lambda st: (st[0].params, st[0].hidden, st[0].layers))
 
 
 def search_shape(
@@ -103,7 +125,8 @@ def search_shape(
                     break  # wider FFNs only cost more
                 params = kept_weights(table, layers, heads, ffn)
                 if best is None or (params, layers) > (best.params, best.layers):
-                    best = Shape(layers, heads, ffn, round(ms, 4), round(table.dense_fp32_ms / ms, 3), params)
+                    speedup = round(table.dense_fp32_ms / ms, 3)
+                    best = Shape(layers, heads, ffn, round(ms, 4), speedup, params, table.teacher["hidden"])
     if best is None:
         fastest = table.predict_ms(min(layer_options), min_heads, FFN_STEP)
         raise PipelineError(
@@ -130,6 +153,37 @@ def layer_options(config: DeployConfig, layers: int) -> list[int]:
     return [n for n in (config.target.layers or range(1, layers + 1)) if 1 <= n <= layers]
 
 
+def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
+    """`target.hidden` needs a student cut from the teacher (distill first, no student folder), of a family that
+    can be narrowed, at multiples of its head size up to its width (`teacher`: its `config.json`)."""
+    from pipeline.models.families import arch_of, family_for
+
+    if not config.target.hidden:
+        return
+    if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
+        raise PipelineError(
+            "target.hidden narrows a student cut from the teacher: the chain must start with distill, without "
+            "config.student.path"
+        )
+    arch, distill = arch_of(teacher), chain_configs(config)[0][1]
+    for hidden in config.target.hidden:
+        if hidden > arch.hidden or hidden % arch.head_dim:
+            raise PipelineError(
+                f"target.hidden {hidden} must be a multiple of the teacher's head size {arch.head_dim} up to its "
+                f"{arch.hidden}"
+            )
+        if getattr(distill, "relation", 0) and hidden % distill.relation_heads:
+            raise PipelineError(
+                f"target.hidden {hidden}: distill's relation heads {distill.relation_heads} do not divide it (set "
+                "relation_heads to a divisor of every width)"
+            )
+    if not family_for(teacher["model_type"]).narrows_from_teacher:
+        raise PipelineError(
+            f"target.hidden: a {teacher['model_type']} student cannot be cut from its teacher at a narrower hidden "
+            "size (its layers share one position-bias table over all heads)"
+        )
+
+
 def check_target_chain(method: str) -> None:
     """A speed target needs a method that prunes to a shape as the chain's last."""
     if not parse_chain(method)[-1].shapes:
@@ -140,14 +194,17 @@ def check_target_chain(method: str) -> None:
         )
 
 
-def apply_shape(config: DeployConfig, shape: Shape, teacher: dict[str, int]) -> DeployConfig:
+def apply_shape(
+    config: DeployConfig, shape: Shape, teacher: dict[str, int], narrower: int | None = None
+) -> DeployConfig:
     """The configuration with the planned shape, each stage's config as its method plans it (`planned`): the
-    student's depth, the pruner's per-layer heads and FFN neurons. A stage left with nothing to do is dropped
-    (distill when every layer stays, the pruner when every unit does); when none is left, `none`."""
+    student's depth (and `narrower` hidden size), the pruner's per-layer heads and FFN neurons (of `teacher`, the
+    table's shape). A stage left with nothing to do is dropped (distill when every layer and the width stay, the
+    pruner when every unit does); when none is left, `none`."""
     kept = [
         (m, planned)
         for m, cfg in chain_configs(config)
-        if (planned := cfg.planned(shape.layers, shape.heads, shape.ffn, teacher)) is not None
+        if (planned := cfg.planned(shape.layers, shape.heads, shape.ffn, teacher, narrower)) is not None
     ]
     if not kept:
         return config.model_copy(update={"method": "none", "config": {"none": {}}})

@@ -157,10 +157,13 @@ class MethodConfig(FrozenModel):
         `model_config`, else the base model's) and the task (a `pipeline.data.tasks.TaskSpec`), before any stage
         runs; raise PipelineError."""
 
-    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> MethodConfig | None:
+    def planned(
+        self, layers: int, heads: int, ffn: int, teacher: dict[str, int], hidden: int | None = None
+    ) -> MethodConfig | None:
         """This stage's config for a shape planned by `--target-speedup` (`layers` of `heads` heads and `ffn` FFN
-        neurons; `teacher` has the dense teacher's layers, heads and ffn), or None when the shape leaves the stage
-        nothing to do. A method that neither sets depth nor prunes units keeps its config."""
+        neurons; `teacher` has the layers, heads and ffn the chain prunes from: the dense teacher's, or at a
+        narrower `hidden` size, the narrowed student's), or None when the shape leaves the stage nothing to do. A
+        method that neither sets depth nor width nor prunes units keeps its config."""
         return self
 
     def updated(self, **changes: Any) -> MethodConfig:
@@ -236,7 +239,9 @@ class PruningConfig(MethodConfig):
 
     mask: MaskConfig = MaskConfig()
 
-    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> PruningConfig | None:
+    def planned(
+        self, layers: int, heads: int, ffn: int, teacher: dict[str, int], hidden: int | None = None
+    ) -> PruningConfig | None:
         if (heads, ffn) == (teacher["heads"], teacher["ffn"]):
             return None  # every head and neuron stays: nothing to prune
         return self.updated(mask={**self.mask.model_dump(), "shape": {"heads": heads, "ffn": ffn}})
@@ -337,6 +342,9 @@ class TargetConfig(FrozenModel):
             about what FFN neurons' do, so on a tight budget it keeps one head a layer: a 12 x 768 MPNet planned at
             10x as 6 layers of 1 head lost 5.8 points more on SST-2's full sentences (dev) than on the phrases it
             was validated on, against 2.6 for the 6-layer student before pruning.
+        hidden: narrower hidden sizes the search may choose besides the teacher's (multiples of its head size),
+            for a chain that cuts its student from the teacher (distill first): a latency table is measured at
+            each, and the student is cut at the chosen one (`config.student.hidden`). None: the teacher's only.
         heads_grid, ffn_grid: fractions of the teacher's heads and FFN width the latency table measures.
         busy_attempts: measurements of the latency table tried before giving up on a busy machine.
         busy_wait_s: between two attempts, wait up to this long for the machine to become quiet.
@@ -350,6 +358,7 @@ class TargetConfig(FrozenModel):
     headroom: float = Field(0.05, ge=0, le=0.5)
     layers: tuple[Depth, ...] | None = Field(None, min_length=1)
     min_heads: int = Field(1, ge=1)
+    hidden: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
     heads_grid: tuple[Fraction, ...] = Field((1 / 12, 1 / 6, 1 / 3, 1 / 2, 2 / 3, 1.0), min_length=1)
     ffn_grid: tuple[Fraction, ...] = Field((1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0), min_length=1)
     busy_attempts: int = Field(3, ge=1, le=10)

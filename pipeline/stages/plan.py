@@ -30,9 +30,10 @@ from pipeline.compress.compaction import cut_from
 from pipeline.compress.shapes import (
     LatencyTable,
     apply_shape,
+    check_hidden_options,
     check_target_chain,
     layer_options,
-    search_shape,
+    search_widths,
     student_folder,
 )
 from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
@@ -67,19 +68,30 @@ def grid(arch: Arch, target: TargetConfig) -> tuple[list[int], list[int]]:
 
 
 def measure_table(
-    teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str, planned_on: str | None = None
+    teacher_dir: str,
+    target: TargetConfig,
+    bench: BenchSettings,
+    cache_dir: str,
+    planned_on: str | None = None,
+    hidden: int | None = None,
 ) -> LatencyTable:
-    """The latency table for the architecture of `planned_on` (default: the teacher) on this machine, against the
-    dense fp32 teacher (cached when measured quiet)."""
-    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir, planned_on))
+    """The latency table for the architecture of `planned_on` (default: the teacher; at a narrower `hidden` size)
+    on this machine, against the dense fp32 teacher (cached when measured quiet)."""
+    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir, planned_on, hidden))
 
 
 def table_record(
-    teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str, planned_on: str | None = None
+    teacher_dir: str,
+    target: TargetConfig,
+    bench: BenchSettings,
+    cache_dir: str,
+    planned_on: str | None = None,
+    hidden: int | None = None,
 ) -> dict:
     """The table's fields plus "device", "machine" (the load it was measured under) and "cache" (what the cache
     did: "hit", "stored", or "not stored: busy"). The probes are cut from `planned_on` (a student folder of its
-    own shape, e.g. a narrower general student; default: the teacher), the baseline is the dense fp32 teacher.
+    own shape, e.g. a narrower general student; default: the teacher), narrowed to `hidden` when given (heads of
+    the teacher's size, hidden / head size of them), the baseline is the dense fp32 teacher.
 
     Raises:
         PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
@@ -87,6 +99,8 @@ def table_record(
     planned_on = planned_on or teacher_dir
     cfg = json.loads((Path(planned_on) / CONFIG).read_text())
     arch = arch_of(cfg)
+    if hidden is not None and hidden != arch.hidden:
+        arch = dataclasses.replace(arch, hidden=hidden, heads=hidden // arch.head_dim)
     baseline = arch_of(json.loads((Path(teacher_dir) / CONFIG).read_text()))
     heads, ffn = grid(arch, target)
     threads = bench.threads or physical_cores()
@@ -114,7 +128,7 @@ def table_record(
 
     def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
-            models, direct = _export_probes(teacher_dir, planned_on, heads, ffn, Path(tmp), cache_dir)
+            models, direct = _export_probes(teacher_dir, planned_on, arch, heads, ffn, Path(tmp), cache_dir)
             record = _measure_until_quiet(
                 lambda: _time_probes(models, direct, arch, heads, ffn, settings), target, settings
             )
@@ -131,27 +145,34 @@ def table_record(
     return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
 
 
-def _probe_source(teacher_dir: str, planned_on: str) -> nn.Module:
-    """`planned_on` with a head of the teacher's kind: a general student is a bare encoder, and which labels its
-    new head has costs nothing measurable."""
+def _probe_source(teacher_dir: str, planned_on: str, arch: Arch) -> nn.Module:
+    """`planned_on` with a head of the teacher's kind (a general student is a bare encoder, and which labels its
+    new head has costs nothing measurable), at `arch`'s hidden size (random weights: they time alike)."""
+    from pipeline.compress.methods.distill.general_student import build_general_student
     from pipeline.data.tasks import TASKS
     from pipeline.models.folders import head_kind
     from pipeline.models.io import load_base_model, load_model
 
     if head_kind(json.loads((Path(planned_on) / CONFIG).read_text())):
-        return load_model(planned_on)
-    kind = head_kind(json.loads((Path(teacher_dir) / CONFIG).read_text()))
-    return load_base_model(planned_on, next(t for t in TASKS.values() if t.kind == kind))
+        model = load_model(planned_on)
+    else:
+        kind = head_kind(json.loads((Path(teacher_dir) / CONFIG).read_text()))
+        model = load_base_model(planned_on, next(t for t in TASKS.values() if t.kind == kind))
+    if arch.hidden != model.config.hidden_size:
+        shape = {"layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads, "ffn": arch.ffn}
+        model = build_general_student(model, shape, "random", 0)[0].eval()
+    return model
 
 
 def _export_probes(
-    teacher_dir: str, planned_on: str, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str
+    teacher_dir: str, planned_on: str, arch: Arch, heads: list[int], ffn: list[int], tmp: Path, cache_dir: str
 ) -> tuple[dict, bool]:
-    """Every probe's int8 graph (cut from `planned_on`), and the dense fp32 teacher's (the graph deploy
-    benchmarks), by probe name; and whether the fixed-cost probe has no layer (True) or is the two-layer fallback."""
+    """Every probe's int8 graph (cut from `planned_on` at `arch`'s width), and the dense fp32 teacher's (the graph
+    deploy benchmarks), by probe name; and whether the fixed-cost probe has no layer (True) or is the two-layer
+    fallback."""
     from pipeline.models.families import family_of
 
-    model = _probe_source(teacher_dir, planned_on)
+    model = _probe_source(teacher_dir, planned_on, arch)
     probes: dict[str, tuple[int, int | None, int | None]] = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
     direct = family_of(model).runs_without_layers
     probes[FIXED_PROBE] = (0, None, None) if direct else (2, heads[0], ffn[0])
@@ -223,21 +244,27 @@ def _worst(machine: dict) -> float:
 def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
     check_target_chain(config.method)
-    record = table_record(teacher_dir, config.target, config.bench, cache_dir, student_folder(config))
-    table = LatencyTable.from_dict(record)
-    target = config.target
-    options = layer_options(config, table.teacher["layers"])
-    shape = search_shape(table, target.speedup, options, target.headroom, target.min_heads)
+    target, folder = config.target, student_folder(config)
+    check_hidden_options(config, json.loads((Path(teacher_dir) / CONFIG).read_text()))
+    records = [table_record(teacher_dir, target, config.bench, cache_dir, folder)]
+    own = records[0]["teacher"]["hidden"]
+    for hidden in sorted(set(target.hidden or ()) - {own}, reverse=True):  # a table per narrower width
+        records.append(table_record(teacher_dir, target, config.bench, cache_dir, None, hidden))
+    tables = [LatencyTable.from_dict(r) for r in records]
+    options = layer_options(config, tables[0].teacher["layers"])
+    shape, table = search_widths(tables, target.speedup, options, target.headroom, target.min_heads)
+    record = records[tables.index(table)]
     aim = target.speedup * (1 + target.headroom)
-    planned = apply_shape(config, shape, table.teacher)
+    planned = apply_shape(config, shape, table.teacher, shape.hidden if shape.hidden != own else None)
     log.info(
-        "target %.2fx (planned at %.2fx): %d layers x (%d heads, %d FFN neurons), predicted %.2fx "
+        "target %.2fx (planned at %.2fx): %d layers x (%d heads, %d FFN neurons) at hidden %d, predicted %.2fx "
         "(%.2f ms vs dense fp32 %.2f ms)",
         config.target.speedup,
         aim,
         shape.layers,
         shape.heads,
         shape.ffn,
+        shape.hidden,
         shape.predicted_speedup,
         shape.predicted_ms,
         table.dense_fp32_ms,

@@ -100,17 +100,20 @@ class DistillConfig(TransferLosses, MethodConfig):
             )
         return self
 
-    def planned(self, layers: int, heads: int, ffn: int, teacher: dict[str, int]) -> DistillConfig | None:
-        """The student at the planned depth (its width is the pruner's to set); None when every layer stays.
-        A student folder (`student.path`) keeps its own depth: the plan was made on its shape (`teacher` is then
-        the student's) and prunes its heads and neurons."""
+    def planned(
+        self, layers: int, heads: int, ffn: int, teacher: dict[str, int], hidden: int | None = None
+    ) -> DistillConfig | None:
+        """The student at the planned depth and, when the plan narrowed it, hidden size (its heads and FFN
+        neurons are the pruner's to set); None when every layer and the teacher's width stay. A student folder
+        (`student.path`) keeps its own depth: the plan was made on its shape (`teacher` is then the student's)
+        and prunes its heads and neurons."""
         if self.student.path is not None:
             if layers != teacher["layers"]:
                 raise PipelineError(f"a student folder keeps its {teacher['layers']} layers; the plan chose {layers}")
             return self
-        if layers == teacher["layers"]:
-            return None  # the teacher's own depth: nothing to distill
-        return self.updated(student={**self.student.model_dump(), "layers": layers})
+        if layers == teacher["layers"] and hidden is None:
+            return None  # the teacher's own depth and width: nothing to distill
+        return self.updated(student={**self.student.model_dump(), "layers": layers, "hidden": hidden})
 
     def preflight(
         self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
