@@ -20,7 +20,7 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
 from export.onnx import export_optimized, library_versions
@@ -67,17 +67,10 @@ def grid(arch: Arch, target: TargetConfig) -> tuple[list[int], list[int]]:
     return h, f
 
 
-def measure_table(
-    teacher_dir: str,
-    target: TargetConfig,
-    bench: BenchSettings,
-    cache_dir: str,
-    planned_on: str | None = None,
-    hidden: int | None = None,
-) -> LatencyTable:
-    """The latency table for the architecture of `planned_on` (default: the teacher; at a narrower `hidden` size)
-    on this machine, against the dense fp32 teacher (cached when measured quiet)."""
-    return LatencyTable.from_dict(table_record(teacher_dir, target, bench, cache_dir, planned_on, hidden))
+def measure_table(*args: Any, **kwargs: Any) -> LatencyTable:
+    """`table_record`'s latency table (its arguments): for the teacher's architecture, a student folder's or a
+    narrower width, on this machine, against the dense fp32 teacher (cached when measured quiet)."""
+    return LatencyTable.from_dict(table_record(*args, **kwargs))
 
 
 def table_record(
