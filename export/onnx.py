@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.config.int8 import REDUCE_RANGE
 from serving.artifact import kind_of_class, pipeline_tag
 
 log = logging.getLogger(__name__)
@@ -106,14 +107,6 @@ def optimize_onnx(
     )
     opt.save_model_to_file(str(dst))
     return {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
-
-
-# Weights take 7 bits of the 8 (ORT's `reduce_range`). A CPU without VNNI (AVX2, or AVX-512 without VNNI) multiplies
-# u8 activations by s8 weights with VPMADDUBSW, which adds two products into a saturating int16: with full-range
-# weights the sums clip. The 12 x 768 MPNet teacher's int8 graph read 92.2% on SST-2 dev on a VNNI CPU and 49.1%
-# (chance) on an AVX2 EPYC; with 7-bit weights 91.7% there, at the same speed. An artifact is served wherever it is
-# copied, so every int8 graph is made to be right on both.
-REDUCE_RANGE = True
 
 
 def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:

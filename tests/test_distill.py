@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipeline.compress.compaction import narrow_
-from pipeline.compress.methods.distill.config import StudentConfig, check_student_folder
-from pipeline.compress.methods.distill.students import build_student, pick_layers
+from pipeline.compress.methods.distill.config import StudentConfig, check_student_folder, pick_layers
+from pipeline.compress.methods.distill.students import build_student
 from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from export.onnx import REDUCE_RANGE
+from pipeline.config.int8 import REDUCE_RANGE
 
 WEIGHT_QMAX = 64 if REDUCE_RANGE else 127  # ORT's symmetric range: q in [-QMAX, QMAX], scale max|w| / QMAX
 
@@ -53,13 +53,11 @@ def fake_int8(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     """Within the block, every plain `nn.Linear` of `model` (and every masked one, on its masked weight) with a
     non-empty weight computes on int8-rounded weights and inputs (an instance attribute over the class's forward,
     removed on the way out). MLP Fusion's `ScaledLinear` folds into its weight at export: not rounded here."""
-    from pipeline.compress.masking import MaskedLinear
-
     linears = [
         m
         for m in model.modules()
-        if enabled and (type(m) is nn.Linear or isinstance(m, MaskedLinear)) and m.weight.numel() > 0
-    ]
+        if enabled and (type(m) is nn.Linear or hasattr(m, "masked_weight")) and m.weight.numel() > 0
+    ]  # a masked linear (`pipeline.compress.masking.MaskedLinear`) says so by its `masked_weight`
     for m in linears:
         m.forward = _forward(m)
     try:

@@ -44,6 +44,20 @@ class StudentConfig(KeyStableModel):
     newer_defaults: ClassVar[dict[str, Any]] = {"activation": None, "hidden": None}
 
 
+def pick_layers(n_teacher: int, cfg: StudentConfig) -> list[int]:
+    """0-based teacher layers the student keeps, bottom to top."""
+    if isinstance(cfg.layers, list):
+        return sorted(cfg.layers)
+    n = cfg.layers
+    if not 1 <= n <= n_teacher:
+        raise PipelineError(f"student layers {n} must be between 1 and the teacher's {n_teacher}")
+    if cfg.pick == "first":
+        return list(range(n))
+    if cfg.pick == "last":
+        return list(range(n_teacher - n, n_teacher))
+    return [round((i + 1) * n_teacher / n) - 1 for i in range(n)]  # every k-th, ending with the top layer
+
+
 RelationPair = Literal["QQ", "QK", "QV", "KQ", "KK", "KV", "VQ", "VK", "VV"]
 
 

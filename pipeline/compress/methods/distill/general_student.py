@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 from pipeline.compress.compaction import cut_from
-from pipeline.compress.methods.distill.config import StudentConfig
-from pipeline.compress.methods.distill.students import pick_layers
+from pipeline.compress.methods.distill.config import StudentConfig, pick_layers
 from pipeline.errors import PipelineError
 from pipeline.models.families import family_for
 from pipeline.models.layers import encoder_layers

@@ -7,26 +7,13 @@ from typing import Any
 from torch import nn
 
 from pipeline.compress.compaction import cut_from
-from pipeline.compress.methods.distill.config import StudentConfig
+from pipeline.compress.methods.distill.config import StudentConfig, pick_layers
+from pipeline.compress.methods.distill.general_student import build_general_student
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir, head_kind
 from pipeline.models.io import load_base_model, load_model
 from pipeline.models.layers import encoder_layers, set_activation_
-
-
-def pick_layers(n_teacher: int, cfg: StudentConfig) -> list[int]:
-    """0-based teacher layers the student keeps, bottom to top."""
-    if isinstance(cfg.layers, list):
-        return sorted(cfg.layers)
-    n = cfg.layers
-    if not 1 <= n <= n_teacher:
-        raise PipelineError(f"student layers {n} must be between 1 and the teacher's {n_teacher}")
-    if cfg.pick == "first":
-        return list(range(n))
-    if cfg.pick == "last":
-        return list(range(n_teacher - n, n_teacher))
-    return [round((i + 1) * n_teacher / n) - 1 for i in range(n)]  # every k-th, ending with the top layer
 
 
 def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
@@ -60,7 +47,6 @@ def _student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn
 def _narrower(teacher: nn.Module, cfg: StudentConfig, keep: list[int]) -> tuple[nn.Module, dict]:
     """The picked layers at a narrower hidden size: the most important heads (hidden / head size) and hidden
     dimensions of every tensor, the task head's included, as a general student is cut (`general_student`)."""
-    from pipeline.compress.methods.distill.general_student import build_general_student
     from pipeline.models.families import arch_of
 
     arch = arch_of(teacher.config.to_dict())
