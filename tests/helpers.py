@@ -560,3 +560,13 @@ def write_keys(folder: Path, name: str) -> tuple[Path, Path]:
         key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return private, public
+
+
+def compress_sample(method: str, overrides: list[str], model_dir, cache_dir, max_train: int = 64) -> dict:
+    """The compress stage of `method` (with `overrides`) on the shipped SST-2 sample, `max_train` sentences."""
+    from pipeline.data.loaders import DataRef
+    from pipeline.request import build_deploy_config
+    from pipeline.stages.compress import run as compress
+
+    config = build_deploy_config(method, "sst2", overrides=overrides)
+    return compress(config, str(model_dir), DataRef("sst2", "sample", None, max_train, 16), str(cache_dir))

@@ -7,10 +7,10 @@ import torch
 
 from pipeline.config.schema import AugmentConfig, TrainConfig
 from pipeline.data.encoding import IGNORED, encode
-from pipeline.data.loaders import DataRef, Split, load_task_data
+from pipeline.data.loaders import Split, load_task_data
 from pipeline.train.augment import FREQUENT_KEPT, augmented_split, neighbours, replace_words, with_augmented
 from pipeline.train.losses import output_kd_loss, task_loss
-from tests.helpers import tiny_model, tiny_tokenizer
+from tests.helpers import compress_sample, tiny_model, tiny_tokenizer
 
 
 def test_neighbours_are_the_nearest_other_words_by_cosine():
@@ -87,9 +87,6 @@ def test_augment_is_refused_without_kd_and_for_tasks_that_are_not_sentence_label
 
 
 def test_a_distill_stage_learns_from_the_augmented_sentences(classifier_dirs, tmp_path):
-    from pipeline.request import build_deploy_config
-    from pipeline.stages.compress import run as compress
-
     overrides = [
         "config.student.layers=1",
         "config.transfer_steps=0",
@@ -98,8 +95,7 @@ def test_a_distill_stage_learns_from_the_augmented_sentences(classifier_dirs, tm
         "config.train.batch_size=8",
         "config.train.augment.copies=1",
     ]
-    config = build_deploy_config("distill", "sst2", overrides=overrides)
-    result = compress(config, str(classifier_dirs["bert"]), DataRef("sst2", "sample", None, 32, 16), str(tmp_path))
+    result = compress_sample("distill", overrides, classifier_dirs["bert"], tmp_path, max_train=32)
     (stage,) = result["stages"]
     assert stage["augmented"]["examples"] == 32 and stage["augmented"]["changed"] > 0
     rows = stage["teacher_outputs"]  # 4 batches of 8 from the 64 sentences, half of them unlabelled copies

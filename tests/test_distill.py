@@ -138,19 +138,12 @@ def test_a_narrower_student_keeps_the_teachers_head_size_and_its_most_important_
 
 
 def test_a_narrower_student_distils_and_saves_at_its_width(classifier_dirs, tmp_path):
-    from pipeline.data.loaders import DataRef
     from pipeline.models.io import load_model
-    from pipeline.request import build_deploy_config
-    from pipeline.stages.compress import run as compress
+    from tests.helpers import compress_sample
 
     over = ["config.student.layers=1", "config.student.hidden=16", "config.relation_heads=16",
             "config.transfer_steps=3", "config.train.max_steps=3", "config.train.batch_size=8"]  # fmt: skip
-    out = compress(
-        build_deploy_config("distill", "sst2", overrides=over),
-        str(classifier_dirs["bert"]),
-        DataRef("sst2", "sample", None, 64, 16),
-        str(tmp_path / "cache"),
-    )
+    out = compress_sample("distill", over, classifier_dirs["bert"], tmp_path / "cache")
     student = load_model(out["path"])
     assert student.config.hidden_size == 16 and head_counts(student) == [1]
     assert out["student"]["hidden"] == 16, out.keys()

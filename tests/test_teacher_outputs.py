@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.train.teacher_outputs import TeacherOutputs, read_rows
-from tests.helpers import tiny_model
+from tests.helpers import compress_sample, tiny_model
 
 
 def _teacher(head: str):
@@ -109,10 +109,7 @@ def test_rows_are_stored_merged_and_read_back_by_the_next_run(tmp_path, caplog):
 
 def test_a_chain_reads_back_what_its_first_stage_stored(classifier_dirs, tmp_path):
     """distill's task phase stores the teacher's rows; SMP's phases draw the same seeded batches and read them."""
-    from pipeline.data.loaders import DataRef
-    from pipeline.request import build_deploy_config
     from pipeline.stages.compress import OUTPUTS_DIR
-    from pipeline.stages.compress import run as compress
 
     steps = ["train.max_steps=6", "train.batch_size=8"]
     overrides = [
@@ -123,8 +120,7 @@ def test_a_chain_reads_back_what_its_first_stage_stored(classifier_dirs, tmp_pat
         *(f"config.smp.{s}" for s in steps),
         "config.smp.recover_steps=4",
     ]
-    config = build_deploy_config("distill+smp", "sst2", overrides=overrides)
-    result = compress(config, str(classifier_dirs["bert"]), DataRef("sst2", "sample", None, 64, 16), str(tmp_path))
+    result = compress_sample("distill+smp", overrides, classifier_dirs["bert"], tmp_path)
     distill, smp = result["stages"]
     assert distill["teacher_outputs"] == {"read_back": 0, "computed": 48}  # 6 steps of 8
     assert smp["teacher_outputs"] == {"read_back": 80, "computed": 0}  # 6 mask + 4 recovery steps, same batches

@@ -53,10 +53,11 @@ def fake_int8(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     """Within the block, every plain `nn.Linear` of `model` (and every masked one, on its masked weight) with a
     non-empty weight computes on int8-rounded weights and inputs (an instance attribute over the class's forward,
     removed on the way out). MLP Fusion's `ScaledLinear` folds into its weight at export: not rounded here."""
+    if not enabled:  # the loop asks at every step: most steps need nothing done
+        yield
+        return
     linears = [
-        m
-        for m in model.modules()
-        if enabled and (type(m) is nn.Linear or hasattr(m, "masked_weight")) and m.weight.numel() > 0
+        m for m in model.modules() if (type(m) is nn.Linear or hasattr(m, "masked_weight")) and m.weight.numel() > 0
     ]  # a masked linear (`pipeline.compress.masking.MaskedLinear`) says so by its `masked_weight`
     for m in linears:
         m.forward = _forward(m)
