@@ -152,7 +152,9 @@ def prepare_request(
     spec = task_spec(config.task, config.custom_task)
     check_writable_dir(output_dir, "output folder")
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
-    model_dir = str(Path(model).resolve()) if model else str(default_model_path())
+    # With only --teacher, the teacher's folder is the model: nothing trains from a base model, and checks must see
+    # the teacher's family, not the embedded MiniLM's.
+    model_dir = str(Path(model or teacher).resolve()) if model or teacher else str(default_model_path())
     model_cfg = check_model_dir(model_dir) if teacher is None else None
     if model_cfg is not None:
         from pipeline.models.io import check_weights_agree  # torch: only once the arguments are sound

@@ -112,3 +112,19 @@ def test_a_failing_prefect_report_does_not_fail_a_published_run(base_dirs, tmp_p
     report = json.loads((artifact / "report.json").read_text())
     # compaction and validation tokenise as the recipe says, not at a literal 128 tokens
     assert report["compaction"]["max_length"] == 24 and report["validation"]["max_length"] == 24
+
+
+def test_a_teacher_alone_is_the_model_and_the_embedded_one_is_never_read(classifier_dirs, tmp_path, monkeypatch):
+    """With only --teacher nothing trains from a base model: the request's model is the teacher's folder (its family
+    is what the checks see), and the embedded MiniLM package is not even imported."""
+    import pipeline.request as request_module
+
+    def no_embedded_model():
+        raise AssertionError("the embedded base model was looked up")
+
+    monkeypatch.setattr(request_module, "default_model_path", no_embedded_model)
+    teacher = classifier_dirs["roberta"]
+    request = request_module.prepare_request(
+        "mlp_fusion", "sst2", teacher=str(teacher), output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "c")
+    )
+    assert request.model == request.teacher == str(Path(teacher).resolve())
