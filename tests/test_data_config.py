@@ -222,3 +222,33 @@ def test_a_training_set_too_small_to_carve_is_one_line(tmp_path):
     _write(tmp_path / "dev.tsv", ["sentence", "label"], [("bad", "0")])
     with pytest.raises(PipelineError, match="too few to carve a validation split"):
         load_task_data("sst2", tmp_path)
+
+
+def test_a_sentence_validation_split_shares_no_phrase_with_train():
+    """SST-2's train set is phrases of sentences: a random slice leaks (docs/results.md). With the sentence unit,
+    validation draws only texts inside no other text, and their phrases leave train."""
+    roots = [f"the {w} film is a gem , full of {w} scenes" for w in ("quiet", "loud", "long", "odd", "warm", "cold")]
+    phrases = [p for r in roots for p in (r, r.split(" is ")[0], r.split(" , ")[1], "a gem")]
+    split = Split([(p,) for p in phrases], [i % 2 for i in range(len(phrases))])
+    train, val, dropped = carve_validation(split, 2, 0.5, 0, "sentence")
+    val_texts = [t[0] for t in val.texts]
+    assert val_texts and set(val_texts) <= set(roots)
+    train_texts = [t[0] for t in train.texts]
+    assert not any(f" {t} " in f" {v} " for t in train_texts for v in val_texts)  # no phrase of them is trained on
+    assert dropped == 2 * len(val_texts) + 6  # each drawn root's two own phrases, and every "a gem"
+    assert len(train_texts) + len(val_texts) + dropped == len(phrases)
+    random_train, random_val, _ = carve_validation(split, 2, 0.5, 0)
+    assert _ == 0 and len(random_train) == len(phrases) - len(random_val)
+
+
+def test_the_sentence_unit_is_recorded_refused_for_pairs_and_unsaid_at_its_default(tmp_path):
+    from pipeline.config.schema import DataLimits
+
+    assert "validation_unit" not in DataLimits().model_dump()  # cached stages keep their keys
+    assert DataLimits(validation_unit="sentence").model_dump()["validation_unit"] == "sentence"
+    data = load_task_data("sst2", source="sample", validation=DataLimits(validation_unit="sentence").validation)
+    assert data.describe()["validation_split"]["unit"] == "sentence"
+    assert data.describe()["validation_split"]["dropped_from_train"] == data.dropped_from_train
+    pairs = Split([("a b", "c d"), ("e f", "g h"), ("i", "j"), ("k", "l")], [0, 1, 0, 1])
+    with pytest.raises(PipelineError, match="validation_unit=sentence is for tasks of one text"):
+        carve_validation(pairs, 1, 0.5, 0, "sentence")

@@ -247,7 +247,7 @@ class PruningConfig(MethodConfig):
         return self.updated(mask={**self.mask.model_dump(), "shape": {"heads": heads, "ffn": ffn}})
 
 
-class DataLimits(FrozenModel):
+class DataLimits(KeyStableModel):
     """The validation split carved from train, and caps on examples.
 
     Attributes:
@@ -255,6 +255,9 @@ class DataLimits(FrozenModel):
             the source's train file (but at least min(250, a quarter of train), so a gate has resolution), drawn
             with `validation_seed` before `max_train` applies. Every choice a run makes (gates, checkpoints,
             recipe tuning) uses it; dev is only reported.
+        validation_unit: `example` (a random slice) or `sentence` (single-text tasks whose train set holds phrases
+            of its sentences, as SST-2's does: validation draws only texts that occur inside no other training
+            text, and the training texts inside a drawn one leave train; `pipeline.data.phrases`).
         max_train: a seeded random subset of the rest of train.
         max_dev: the first N of dev.
     """
@@ -262,12 +265,15 @@ class DataLimits(FrozenModel):
     validation_size: int = Field(2000, ge=1)
     validation_fraction: float = Field(0.1, gt=0, lt=1)
     validation_seed: int = 0
+    validation_unit: Literal["example", "sentence"] = "example"
     max_train: int | None = Field(None, ge=1)
     max_dev: int | None = Field(None, ge=1)
 
+    newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "example"}
+
     @property
-    def validation(self) -> tuple[int, float, int]:
-        return (self.validation_size, self.validation_fraction, self.validation_seed)
+    def validation(self) -> tuple[int, float, int, str]:
+        return (self.validation_size, self.validation_fraction, self.validation_seed, self.validation_unit)
 
 
 class BenchSettings(FrozenModel):

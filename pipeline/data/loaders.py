@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline.config.schema import DATA_FORMATS, DataLimits
 from pipeline.data.jsonl import describe, json_records
+from pipeline.data.phrases import whole_sentences
 from pipeline.data.squad import QASplit, question_rows, read_qa
 from pipeline.data.tagged import TaggedSplit, read_conll, read_tagged_jsonl, tagged_rows
 from pipeline.data.tasks import QA, SEQUENCE, TOKEN, TaskSpec, get_task
@@ -77,6 +78,8 @@ class TaskData:
     dev: AnySplit
     source: str  # human-readable: where the examples came from
     validation_seed: int = 0
+    validation_unit: str = "example"
+    dropped_from_train: int = 0  # training texts inside a validation sentence (`validation_unit` sentence)
 
     @property
     def fingerprint(self) -> str:
@@ -90,6 +93,9 @@ class TaskData:
         """What the report records of the data: source, sizes, and which validation slice was carved."""
         h = hashlib.sha256()
         self.validation.digest(h)
+        unit = {} if self.validation_unit == "example" else {
+            "unit": self.validation_unit, "dropped_from_train": self.dropped_from_train
+        }  # fmt: skip
         return {
             "source": self.source,
             "train": len(self.train),
@@ -100,6 +106,7 @@ class TaskData:
                 "seed": self.validation_seed,
                 "examples": len(self.validation),
                 "sha256": h.hexdigest(),
+                **unit,
             },
             "fingerprint": self.fingerprint,
         }
@@ -109,24 +116,35 @@ DEFAULT_VALIDATION = DataLimits().validation  # the recipes' default: one defini
 VALIDATION_MIN = 250  # small training sets still give this many (up to a quarter of train): gates need resolution
 
 
-def carve_validation(train: AnySplit, size: int, fraction: float, seed: int) -> tuple[AnySplit, AnySplit]:
-    """(train without the slice, the slice): min(`size`, `fraction` of train) examples drawn with `seed`, but at
-    least min(250, a quarter of train), so one example is not a whole point of a gate on small data.
+def carve_validation(
+    train: AnySplit, size: int, fraction: float, seed: int, unit: str = "example"
+) -> tuple[AnySplit, AnySplit, int]:
+    """(train without the slice, the slice, training examples dropped): min(`size`, `fraction` of train)
+    examples drawn with `seed`, but at least min(250, a quarter of train), so one example is not a whole point of
+    a gate on small data.
 
     At least one example stays on each side; the two parts are disjoint by construction. Questions are carved
     with their whole context (all the questions of a drawn context, until there are n): a validation question
-    whose paragraph was trained on would flatter every choice made on it.
+    whose paragraph was trained on would flatter every choice made on it. With `unit` "sentence", texts that
+    occur inside no other training text, and the training texts inside them are dropped (`pipeline.data.phrases`).
     """
     if len(train) < 2:
         raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
     floor = min(VALIDATION_MIN, len(train) // 4)
     n = min(max(min(size, math.floor(fraction * len(train))), floor), len(train) - 1)
     n = max(1, n)
-    if isinstance(train, QASplit):
+    dropped: set[int] = set()
+    if unit == "sentence":
+        if not isinstance(train, Split) or any(len(t) != 1 for t in train.texts[:1]):
+            raise PipelineError("data.validation_unit=sentence is for tasks of one text and a label (phrases of "
+                                "sentences, as SST-2's train set holds); use `example`")  # fmt: skip
+        chosen, dropped = whole_sentences([t[0] for t in train.texts], n, seed)
+    elif isinstance(train, QASplit):
         chosen = _whole_contexts(train, n, seed)
     else:
         chosen = set(random.Random(seed).sample(range(len(train)), n))
-    return train.subset([i for i in range(len(train)) if i not in chosen]), train.subset(sorted(chosen))
+    kept = [i for i in range(len(train)) if i not in chosen and i not in dropped]
+    return train.subset(kept), train.subset(sorted(chosen)), len(dropped)
 
 
 def _whole_contexts(split: QASplit, n: int, seed: int) -> set[int]:
@@ -150,7 +168,7 @@ def load_task_data(
     max_train: int | None = None,
     max_dev: int | None = None,
     source: str | None = None,
-    validation: tuple[int, float, int] = DEFAULT_VALIDATION,
+    validation: tuple = DEFAULT_VALIDATION,
 ) -> TaskData:
     """Load train/validation/dev for `task` (a spec, or a built-in task's name); `source` ("tsv", "hf-folder",
     "files", "hub", "sample") skips the resolution (see module doc); `validation` is (most examples, most fraction
@@ -174,10 +192,11 @@ def load_task_data(
             f"embedded sample (pipeline/data/samples/{spec.name}, shipped with the project; "
             "pass --data-dir for real data)"
         )
-    size, fraction, seed = validation
-    train, val = carve_validation(train, size, fraction, seed)
+    size, fraction, seed, *unit = validation
+    unit = unit[0] if unit else "example"
+    train, val, dropped = carve_validation(train, size, fraction, seed, unit)
     train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
-    return TaskData(spec, train, val, dev, label, seed)
+    return TaskData(spec, train, val, dev, label, seed, unit, dropped)
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:
@@ -448,7 +467,7 @@ class DataRef:
     data_dir: str | None = None
     max_train: int | None = None
     max_dev: int | None = None
-    validation: tuple[int, float, int] = DEFAULT_VALIDATION  # (most examples, most fraction of train, seed)
+    validation: tuple = DEFAULT_VALIDATION  # (most examples, most fraction of train, seed, unit)
 
     def load(self) -> TaskData:
         return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)
