@@ -152,6 +152,8 @@ def _entries(cache: Path) -> list[Path]:
     return [p for p in folder.iterdir() if not p.name.startswith(".")] if folder.is_dir() else []
 
 
+# a tiny model's measured table at two FFN widths (the search's arithmetic is tested on synthetic tables)
+QUICK_TABLE = ["target.batch=2", "target.seq=16", "bench.max_runs=5", "target.ffn_grid=[0.5,1.0]"]
 # a tiny model's table on a 2 x 2 grid: the busy cases are about caching, not the grid
 QUICK = ["target.batch=2", "target.seq=16", "bench.max_runs=5", "target.heads_grid=[0.5,1]", "target.ffn_grid=[0.5,1]"]
 
@@ -229,7 +231,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
 
     _machine_says(monkeypatch, [False])  # this test is about the table and the plan; the busy cases are above
     teacher = str(classifier_dirs["bert"])
-    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5"]
+    quick = QUICK_TABLE
     cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *quick])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
     assert len(table.layer_ms) == len(table.heads) and all(len(r) == len(table.ffn) for r in table.layer_ms)
@@ -277,7 +279,7 @@ def test_a_student_folder_is_planned_on_its_own_shape_against_the_dense_teacher(
         load_model(teacher), {"layers": 1, "hidden": 16, "heads": 2, "ffn": 32}, "teacher", 0
     )
     save_model(narrow, load_tokenizer(teacher), student_dir)
-    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5", f"config.distill.student.path={student_dir}"]
+    quick = [*QUICK_TABLE, f"config.distill.student.path={student_dir}"]
     cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *quick])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path), str(student_dir))
     assert table.teacher == {"layers": 1, "heads": 2, "ffn": 32, "hidden": 16, "head_dim": 8}
@@ -346,7 +348,7 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
 
     _machine_says(monkeypatch, [False])
     teacher = str(classifier_dirs["bert"])  # hidden 32, 2 heads of 16
-    quick = ["target.batch=2", "target.seq=16", "bench.max_runs=5"]
+    quick = QUICK_TABLE
     cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *quick])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path), hidden=16)
     assert table.teacher == {"layers": 2, "heads": 1, "ffn": 64, "hidden": 16, "head_dim": 16}
