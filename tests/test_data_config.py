@@ -252,3 +252,21 @@ def test_the_sentence_unit_is_recorded_refused_for_pairs_and_unsaid_at_its_defau
     pairs = Split([("a b", "c d"), ("e f", "g h"), ("i", "j"), ("k", "l")], [0, 1, 0, 1])
     with pytest.raises(PipelineError, match="validation_unit=sentence is for tasks of one text"):
         carve_validation(pairs, 1, 0.5, 0, "sentence")
+
+
+def test_the_data_stage_measures_and_warns_of_a_validation_split_inside_train(tmp_path, caplog):
+    from pipeline.data.loaders import DataRef
+    from pipeline.stages.data import run as data_stage
+
+    sample = data_stage(DataRef(get_task("sst2"), "sample"))
+    assert sample["validation_split"]["inside_train"] == 0.0  # hand-written sentences: nothing leaks
+    words = ["the", "film", "is", "warm", "and", "odd", "and", "long", "but", "never", "dull", "for", "once"]
+    rows = [(" ".join([str(k), *words[i:j]]) if j == 12 else " ".join(words[i:j]), str(k % 2))
+            for k in range(40) for i, j in ((0, 12), (2, 8), (4, 7))]  # fmt: skip
+    _write(tmp_path / "train.tsv", ["sentence", "label"], rows)
+    _write(tmp_path / "dev.tsv", ["sentence", "label"], [("a new sentence", "1")])
+    with caplog.at_level("WARNING", logger="pipeline.stages.data"):
+        phrases = data_stage(DataRef(get_task("sst2"), "tsv", str(tmp_path)))
+    assert phrases["validation_split"]["inside_train"] > 0.2 and "data.validation_unit=sentence" in caplog.text
+    held_out = DataRef(get_task("sst2"), "tsv", str(tmp_path), validation=(30, 0.25, 0, "sentence"))
+    assert "inside_train" not in data_stage(held_out)["validation_split"]
