@@ -201,10 +201,10 @@ def test_a_training_phase_is_not_capped_by_epochs():
 
 
 def test_the_validation_split_is_carved_from_train_disjoint_and_fixed_by_seed():
-    full = load_task_data("sst2", source="sample", validation=(10_000, 0.5, 0))  # the raw train file, halved
+    full = load_task_data("sst2", source="sample", validation=(10_000, 0.5, 0, "example"))  # raw train, halved
     a = load_task_data("sst2", source="sample")
     b = load_task_data("sst2", source="sample", max_train=50)
-    c = load_task_data("sst2", source="sample", validation=(2000, 0.1, 1))
+    c = load_task_data("sst2", source="sample", validation=(2000, 0.1, 1, "example"))
     raw = set(full.train.texts) | set(full.validation.texts)
     assert len(a.validation) == 250 and len(a.train) + len(a.validation) == len(raw)  # 10% of 1,000 is under 250
     assert not set(a.validation.texts) & set(a.train.texts)  # disjoint
@@ -237,8 +237,8 @@ def test_a_sentence_validation_split_shares_no_phrase_with_train():
     assert not any(f" {t} " in f" {v} " for t in train_texts for v in val_texts)  # no phrase of them is trained on
     assert dropped == 2 * len(val_texts) + 6  # each drawn root's two own phrases, and every "a gem"
     assert len(train_texts) + len(val_texts) + dropped == len(phrases)
-    random_train, random_val, _ = carve_validation(split, 2, 0.5, 0)
-    assert _ == 0 and len(random_train) == len(phrases) - len(random_val)
+    random_train, random_val, none_dropped = carve_validation(split, 2, 0.5, 0)
+    assert none_dropped == 0 and len(random_train) == len(phrases) - len(random_val)
 
 
 def test_the_sentence_unit_is_recorded_refused_for_pairs_and_unsaid_at_its_default(tmp_path):

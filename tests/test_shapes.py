@@ -231,8 +231,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
 
     _machine_says(monkeypatch, [False])  # this test is about the table and the plan; the busy cases are above
     teacher = str(classifier_dirs["bert"])
-    quick = QUICK_TABLE
-    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *quick])
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *QUICK_TABLE])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
     assert len(table.layer_ms) == len(table.heads) and all(len(r) == len(table.ffn) for r in table.layer_ms)
     assert table.dense_fp32_ms > 0 and table.fixed_ms >= 0
@@ -247,7 +246,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
     target = 1 + (reachable - 1) / 2
     headroom = (reachable / target - 1) / 2  # the plan aims between the target and what is reachable
     cfg = build_deploy_config(
-        "smp", "sst2", overrides=[f"target.speedup={target}", f"target.headroom={headroom}", *quick]
+        "smp", "sst2", overrides=[f"target.speedup={target}", f"target.headroom={headroom}", *QUICK_TABLE]
     )
     plan = plan_target(cfg, teacher, str(tmp_path))
     assert plan["table"]["machine"]["busy"] is False and plan["table"]["cache"] == "hit"
@@ -348,8 +347,7 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
 
     _machine_says(monkeypatch, [False])
     teacher = str(classifier_dirs["bert"])  # hidden 32, 2 heads of 16
-    quick = QUICK_TABLE
-    cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *quick])
+    cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=1.5", *QUICK_TABLE])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path), hidden=16)
     assert table.teacher == {"layers": 2, "heads": 1, "ffn": 64, "hidden": 16, "head_dim": 16}
     assert table.heads == [1] and table.predict_ms(1, 1, 64) > table.fixed_ms  # one head: the plane still fits

@@ -68,6 +68,13 @@ class Split:
 AnySplit = Split | TaggedSplit | QASplit  # one split of a sequence, token or question-answering task
 
 
+def single_texts(split: AnySplit) -> list[str] | None:
+    """The texts of a split of one text and a label each (not pairs, tags or questions); None for any other."""
+    if isinstance(split, Split) and split.texts and len(split.texts[0]) == 1:
+        return [t[0] for t in split.texts]
+    return None
+
+
 @dataclass(frozen=True)
 class TaskData:
     """train (minus the validation slice), validation (carved from train, for choosing) and dev (the test)."""
@@ -135,10 +142,11 @@ def carve_validation(
     n = max(1, n)
     dropped: set[int] = set()
     if unit == "sentence":
-        if not isinstance(train, Split) or any(len(t) != 1 for t in train.texts[:1]):
+        texts = single_texts(train)
+        if texts is None:
             raise PipelineError("data.validation_unit=sentence is for tasks of one text and a label (phrases of "
                                 "sentences, as SST-2's train set holds); use `example`")  # fmt: skip
-        chosen, dropped = whole_sentences([t[0] for t in train.texts], n, seed)
+        chosen, dropped = whole_sentences(texts, n, seed)
     elif isinstance(train, QASplit):
         chosen = _whole_contexts(train, n, seed)
     else:
@@ -168,11 +176,11 @@ def load_task_data(
     max_train: int | None = None,
     max_dev: int | None = None,
     source: str | None = None,
-    validation: tuple = DEFAULT_VALIDATION,
+    validation: tuple[int, float, int, str] = DEFAULT_VALIDATION,
 ) -> TaskData:
     """Load train/validation/dev for `task` (a spec, or a built-in task's name); `source` ("tsv", "hf-folder",
     "files", "hub", "sample") skips the resolution (see module doc); `validation` is (most examples, most fraction
-    of train, seed) of the carved validation split."""
+    of train, seed, unit) of the carved validation split (`DataLimits.validation`)."""
     spec = get_task(task) if isinstance(task, str) else task
     source = source or resolve_source(spec, data_dir)
     if source in ("tsv", "hf-folder") and data_dir is None:
@@ -192,8 +200,7 @@ def load_task_data(
             f"embedded sample (pipeline/data/samples/{spec.name}, shipped with the project; "
             "pass --data-dir for real data)"
         )
-    size, fraction, seed, *unit = validation
-    unit = unit[0] if unit else "example"
+    size, fraction, seed, unit = validation
     train, val, dropped = carve_validation(train, size, fraction, seed, unit)
     train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
     return TaskData(spec, train, val, dev, label, seed, unit, dropped)
@@ -467,7 +474,7 @@ class DataRef:
     data_dir: str | None = None
     max_train: int | None = None
     max_dev: int | None = None
-    validation: tuple = DEFAULT_VALIDATION  # (most examples, most fraction of train, seed, unit)
+    validation: tuple[int, float, int, str] = DEFAULT_VALIDATION  # (most examples, most fraction, seed, unit)
 
     def load(self) -> TaskData:
         return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)

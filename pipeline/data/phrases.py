@@ -48,12 +48,12 @@ def whole_sentences(texts: Sequence[str], n: int, seed: int) -> tuple[set[int], 
     for root in roots:
         if len(chosen) >= n:
             break
-        parts = {i for s in _spans(root.split()) if s in by_key for i in by_key[s]} - chosen
+        parts = {i for s in _spans(root.split()) if s in by_key for i in by_key[s]}  # never a root: not chosen
         if len(chosen) + len(by_key[root]) + len(dropped | parts) >= len(texts):
             break
         chosen.update(by_key[root])
         dropped |= parts
-    return chosen, dropped - chosen
+    return chosen, dropped
 
 
 def share_inside(validation: Sequence[str], train: Sequence[str], sample: int = 200, seed: int = 0) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.data.loaders import DataRef, Split
+from pipeline.data.loaders import DataRef, single_texts
 from pipeline.data.phrases import share_inside
 
 log = logging.getLogger(__name__)
@@ -23,8 +23,9 @@ def run(ref: DataRef) -> dict:
         len(data.dev),
     )
     description = data.describe()
-    if data.validation_unit == "example" and isinstance(data.train, Split) and len(data.train.texts[0]) == 1:
-        share = share_inside([t[0] for t in data.validation.texts], [t[0] for t in data.train.texts])
+    train = single_texts(data.train)
+    if data.validation_unit == "example" and train is not None:
+        share = share_inside(single_texts(data.validation), train)
         description["validation_split"]["inside_train"] = round(share, 3)
         if share > LEAK_WARNING:
             log.warning(
