@@ -20,7 +20,7 @@ DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 GLUE_NAMES = {"sst2": "SST-2", "mrpc": "MRPC", "rte": "RTE", "mnli": "MNLI", "qnli": "QNLI"}
 
 
-def base_model_info(model_dir: str | None, default_dir: str | None) -> dict[str, Any]:
+def base_model_info(model_dir: str | None, default_dir: str | Path | None) -> dict[str, Any]:
     """The base model's hub id (when known) and license (from its own card's metadata, when it has one)."""
     info: dict[str, Any] = {"path": model_dir, "id": None, "license": None}
     if model_dir is None:

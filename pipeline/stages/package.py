@@ -29,7 +29,7 @@ from pipeline import interrupts
 from pipeline.data.tasks import task_spec
 from pipeline.errors import PipelineError
 from pipeline.model_card import base_model_info, render_model_card
-from pipeline.models.folders import default_model_path
+from pipeline.models.folders import installed_default_model_path
 from pipeline.paths import check_writable_dir
 from pipeline.report import render_markdown
 from serving.artifact import (
@@ -149,7 +149,7 @@ def _task_block(staging: Path) -> dict | None:
 def _model_card(report: dict, task: dict | None, inputs: dict, config: dict) -> str:
     task = task or {"name": report["task"], "labels": [], "pair": False}
     spec = task_spec(config["task"], config.get("custom_task")) if "task" in config else None
-    default = str(default_model_path()) if inputs.get("model") else None
+    default = installed_default_model_path() if inputs.get("model") else None
     base = base_model_info(inputs.get("model"), default)
     return render_model_card(report, task, base, spec.hf_dataset if spec else None)
 
