@@ -122,16 +122,18 @@ def test_recipe_overrides_and_validation(tmp_path):
         build_deploy_config("mlp_fusion", "sst2", recipe)
 
 
-def test_question_answering_runs_at_384_tokens_unless_told_otherwise(tmp_path):
+def test_question_answering_has_its_own_lengths_batching_and_int8_gate_unless_told_otherwise(tmp_path):
     """recipes/kinds/question-answering.yaml lies under every recipe of a QA task (built-in or a task file):
-    training, the speed target and the benchmark's headline at 384 tokens; a recipe or `--set` still decides."""
+    training, the speed target and the benchmark's headline at 384 tokens, batches grouped by length, the int8 gate
+    at 2.0 F1; a recipe or `--set` still decides."""
     for method in ("none", "distill", "smp", "distill+smp"):
         cfg = build_deploy_config(method, "squad")
         assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (384, 384, (128, 384))
         assert {name: section["train"]["max_length"] for name, section in cfg.config.items()} == {
             name: 384 for name in method.split("+")
         }
-        assert cfg.teacher.lr == build_deploy_config(method, "sst2").teacher.lr  # only the lengths change
+        assert cfg.teacher.group_by_length and cfg.gates.int8_max_drop == 2.0  # and batching and the int8 gate
+        assert cfg.teacher.lr == build_deploy_config(method, "sst2").teacher.lr  # nothing else
     told = build_deploy_config("distill", "squad", overrides=["config.train.max_length=256", "target.seq=256"])
     assert (told.config["distill"]["train"]["max_length"], told.target.seq, told.teacher.max_length) == (256, 256, 384)
     assert (
@@ -153,6 +155,7 @@ def test_question_answering_runs_at_384_tokens_unless_told_otherwise(tmp_path):
     for task in ("sst2", "conll2003"):  # the other kinds keep the defaults
         cfg = build_deploy_config("distill", task)
         assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (128, 128, (32, 128))
+        assert (cfg.teacher.group_by_length, cfg.gates.int8_max_drop) == (False, 1.0)
 
 
 def test_config_round_trips_through_json():
