@@ -219,14 +219,10 @@ class MaskConfig(FrozenModel):
     def structured(self) -> bool:
         return self.ffn in ("neuron", "none") and self.attention in ("head", "none")
 
-    def check_shapes(self, model_config: dict[str, Any]) -> None:
-        """Blocks must tile every masked matrix of the model of `model_config` (its `config.json` mapping)."""
+    def check_shapes(self, hidden: int, inter: int) -> None:
+        """Blocks must tile every masked matrix of a model of width `hidden` and FFN width `inter`."""
         if "block" not in (self.ffn, self.attention):
             return
-        from pipeline.models.families import arch_of
-
-        arch = arch_of(model_config)
-        hidden, inter = arch.hidden, arch.ffn
         r, c = self.block
         shapes = []
         if self.attention == "block":

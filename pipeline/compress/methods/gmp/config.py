@@ -65,4 +65,7 @@ class GmpConfig(PruningConfig):
     def preflight(
         self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
     ) -> None:
-        self.mask.check_shapes(model_config)
+        from pipeline.models.families import arch_of
+
+        arch = arch_of(model_config)
+        self.mask.check_shapes(arch.hidden, arch.ffn)

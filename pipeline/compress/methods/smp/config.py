@@ -63,7 +63,10 @@ class SmpConfig(PruningConfig):
     def preflight(
         self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
     ) -> None:
-        self.mask.check_shapes(model_config)
+        from pipeline.models.families import arch_of
+
+        arch = arch_of(model_config)
+        self.mask.check_shapes(arch.hidden, arch.ffn)
         from pipeline.compress.methods.smp.heads import resolve_head
 
         resolve_head(self, model_dir, model_config, task)  # the verbalizer's words must be single tokens
