@@ -1,19 +1,25 @@
-"""int8 and fusion choices measured on one model: accuracy, speed and batch invariance, in one process.
+"""int8 and fusion choices measured on one model of any task kind: accuracy, speed, batch invariance, in one process.
 
 Variants, all from the same compacted (or dense) PyTorch folder:
   fp32               the artifact's fused graph (EmbedLayerNormalization fused, exact GELU)
   fp32-no-embed-ln   without the EmbedLayerNormalization fusion (what Optimum's optimizer does)
   fp32-gelu-approx   with ORT's tanh GELU approximation
   int8-dynamic       the artifact's int8 graph (dynamic activations, per-channel weights)
-  int8-static        static QDQ (MatMul/Gemm, per-channel, MatMulConstBOnly), calibrated on train sentences
+  int8-head-fp32     the same with the task head (the graph's last MatMul/Gemm) left in fp32
+  int8-ffn-out-fp32  the same with every FFN output linear (`.../output/dense/MatMul`) left in fp32
+  int8-static        static QDQ (MatMul/Gemm, per-channel, MatMulConstBOnly), calibrated on train examples
 
-Accuracy on the validation split carved from train and on dev; batch invariance: every dev sentence scored
-alone and inside batches of `--batch` (padded to the longest), max |Δ logits| and labels that differ; latency
-p50 at each `--batch` x `--seq` cell, interleaved, against the dense fp32 graph when `--dense` is given.
+The task's headline metric on the validation split carved from train and on dev; for every variant, its
+difference from fp32 example by example where the metric is a mean over examples (accuracy, SQuAD F1): mean,
+paired standard error and examples whose score changed, so that a difference can be told from noise. Batch
+invariance: dev scored alone and inside batches of `--batch` (padded to the longest), max |Δ| of the output rows
+and rows whose argmax differs. Latency p50 at each `--batch` x `--seq` cell, interleaved, against the dense fp32
+graph when `--dense` is given.
 
 Usage:
     python benchmarks/int8_modes.py MODEL_DIR --data-dir ../shared/data/sst2 [--task sst2] [--dense TEACHER_DIR]
-        [--calibration 256] [--batch 8] [--bench-batch 1 8] [--seq 128] [--max-length 128] [--json out.json]
+        [--variants fp32 int8-dynamic ...] [--calibration 256] [--batch 8] [--no-invariance] [--no-bench]
+        [--bench-batch 1 8] [--seq 128] [--max-length N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,27 +39,71 @@ from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_stat
 from export.parity import onnx_logits
 from pipeline.config.schema import BenchSettings
 from pipeline.data.encoding import encode
-from pipeline.data.loaders import DataRef, Split
+from pipeline.data.loaders import load_task_data
+from pipeline.data.tasks import QA, get_task
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
-from pipeline.train.metrics import scores
+from pipeline.train.metrics import example_scores, scores
+
+VARIANTS = (
+    "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-ffn-out-fp32",
+    "int8-static",
+)  # fmt: skip
+QA_LENGTH = 384  # the question-answering kind's window (recipes/kinds/question-answering.yaml)
 
 
-def build_variants(model_dir: Path, out: Path) -> dict[str, Path]:
-    """Every variant but the static one (it needs calibration feeds named after the fp32 graph's inputs)."""
+def linears(path: Path) -> list[str]:
+    """The graph's MatMul/Gemm nodes with a constant weight, in graph order."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    weights = {t.name for t in graph.initializer}
+    return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and weights.intersection(n.input[1:2])]
+
+
+def kept_fp32(variant: str, fp32: Path) -> list[str]:
+    """The nodes a dynamic-int8 variant leaves in fp32."""
+    names = linears(fp32)
+    if variant == "int8-head-fp32":
+        return names[-1:]
+    if variant == "int8-ffn-out-fp32":
+        kept = [n for n in names if "/output/dense/" in n and "/attention/" not in n]
+        if not kept:
+            raise PipelineError(f"{variant}: no FFN output linear (a node named '.../output/dense/...') in {fp32}")
+        return kept
+    return []
+
+
+def build_variants(model_dir: Path, out: Path, wanted: list[str], calibration) -> dict[str, Path]:
+    """The wanted variants' graphs under `out` (the fp32 graph is always built: every other one starts from it)."""
     raw = export_onnx(load_model(model_dir), None, out / "raw")
-    paths = {
-        "fp32": out / "fp32.onnx",
-        "fp32-no-embed-ln": out / "fp32-no-embed-ln.onnx",
-        "fp32-gelu-approx": out / "fp32-gelu-approx.onnx",
-        "int8-dynamic": out / "int8-dynamic.onnx",
-    }
-    optimize_onnx(raw, paths["fp32"])
-    optimize_onnx(raw, paths["fp32-no-embed-ln"], embed_layer_norm=False)
-    optimize_onnx(raw, paths["fp32-gelu-approx"], gelu_approximation=True)
-    quantize_int8(paths["fp32"], paths["int8-dynamic"])
+    fp32 = out / "fp32.onnx"
+    optimize_onnx(raw, fp32)
+    paths = {"fp32": fp32}
+    for name in wanted:
+        path = out / f"{name}.onnx"
+        if name == "fp32-no-embed-ln":
+            optimize_onnx(raw, path, embed_layer_norm=False)
+        elif name == "fp32-gelu-approx":
+            optimize_onnx(raw, path, gelu_approximation=True)
+        elif name == "int8-static":
+            quantize_static_int8(fp32, path, calibration.features)
+        elif name.startswith("int8-"):
+            quantize_int8(fp32, path, kept_fp32(name, fp32))
+        else:
+            continue
+        paths[name] = path
     return paths
+
+
+def paired(rows: np.ndarray, base: np.ndarray, enc) -> dict | None:
+    """The variant's per-example scores minus fp32's: mean, paired standard error, examples changed."""
+    a, b = example_scores(rows, enc), example_scores(base, enc)
+    if a is None:
+        return None
+    d = a - b
+    return {"mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))), "changed": int((d != 0).sum())}
 
 
 def batch_invariance(path: Path, enc, batch: int) -> dict:
@@ -61,75 +111,98 @@ def batch_invariance(path: Path, enc, batch: int) -> dict:
     alone, batched = onnx_logits(path, enc, batch_size=1), onnx_logits(path, enc, batch_size=batch)
     return {
         "max_abs_diff": float(np.abs(alone - batched).max()),
-        "labels_changed": int((alone.argmax(1) != batched.argmax(1)).sum()),
-        "examples": len(enc),
+        "rows_changed": int((alone.argmax(-1) != batched.argmax(-1)).sum()),
+        "rows": len(alone),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", type=Path, help="a classifier folder (an artifact's pytorch/, or a teacher)")
+    ap.add_argument("model", type=Path, help="a task model folder (an artifact's pytorch/, or a teacher)")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--task", default="sst2")
     ap.add_argument("--dense", type=Path, help="the dense teacher folder, timed as the fp32 baseline")
-    ap.add_argument("--calibration", type=int, default=256, help="train sentences for static calibration")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="fp32 always runs")
+    ap.add_argument("--calibration", type=int, default=256, help="train examples for static calibration")
     ap.add_argument("--batch", type=int, default=8, help="batch size of the invariance check")
+    ap.add_argument("--no-invariance", action="store_true", help="skip the batch invariance check")
+    ap.add_argument("--no-bench", action="store_true", help="skip the latency run")
     ap.add_argument("--bench-batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--seq", type=int, nargs="+", default=[128])
-    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--max-length", type=int, help=f"tokens per example (default {QA_LENGTH} for QA, else 128)")
     ap.add_argument("--max-runs", type=int, default=100)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     try:
-        data = DataRef(args.task, "tsv", args.data_dir).load()
+        spec = get_task(args.task)
+        data = load_task_data(spec, args.data_dir)
         tokenizer = load_tokenizer(args.model)
+        length = args.max_length or (QA_LENGTH if spec.kind == QA else 128)
+        splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
+        calibration = encode(tokenizer, data.train.head(args.calibration), length)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    train = data.train
-    calib_split = Split(train.texts[: args.calibration], train.labels[: args.calibration])
-    calib_enc = encode(tokenizer, calib_split, args.max_length)
-    splits = {"validation": encode(tokenizer, data.validation, args.max_length)}
-    splits["dev"] = encode(tokenizer, data.dev, args.max_length)
+    result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric, "max_length": length}
+    result["calibration_examples"] = len(calibration)
     with tempfile.TemporaryDirectory() as tmp:
-        paths = build_variants(args.model, Path(tmp))
-        paths["int8-static"] = Path(tmp) / "int8-static.onnx"
-        quantize_static_int8(paths["fp32"], paths["int8-static"], calib_enc.features)
-        result: dict = {"model": str(args.model), "calibration_sentences": len(calib_enc), "variants": {}}
+        try:
+            paths = build_variants(args.model, Path(tmp), args.variants, calibration)
+        except PipelineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        rows = {name: {split: onnx_logits(path, enc) for split, enc in splits.items()} for name, path in paths.items()}
+        result["variants"] = {}
         for name, path in paths.items():
-            entry = {split: scores(onnx_logits(path, enc), enc)["accuracy"] for split, enc in splits.items()}
-            entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)
+            entry: dict = {"kept_fp32": len(kept_fp32(name, paths["fp32"]))}
+            for split, enc in splits.items():
+                entry[split] = scores(rows[name][split], enc)
+                entry[f"{split}_vs_fp32"] = paired(rows[name][split], rows["fp32"][split], enc)
+            if not args.no_invariance:
+                entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)
             result["variants"][name] = entry
-        timed = dict(paths)
-        if args.dense:
-            dense_dir = Path(tmp) / "dense"
-            raw = export_onnx(load_model(args.dense), None, dense_dir)
-            optimize_onnx(raw, dense_dir / "dense.onnx")
-            timed = {"dense": dense_dir / "dense.onnx", **timed}
-        settings = BenchSettings(
-            batch_sizes=tuple(args.bench_batch), seq_lens=tuple(args.seq), max_runs=args.max_runs,
-            providers=("CPUExecutionProvider",),
-        )  # fmt: skip
-        bench = benchmark(timed, len(tokenizer), settings)
-        result["device"] = bench["device"]
-        result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
-        result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
-    print(f"{'variant':<18} {'validation':>10} {'dev':>7} {'alone≠batched':>14} {'max|Δ|':>9}")
+        if not args.no_bench:
+            timed = dict(paths)
+            if args.dense:
+                dense_dir = Path(tmp) / "dense"
+                raw = export_onnx(load_model(args.dense), None, dense_dir)
+                optimize_onnx(raw, dense_dir / "dense.onnx")
+                timed = {"dense": dense_dir / "dense.onnx", **timed}
+            settings = BenchSettings(
+                batch_sizes=tuple(args.bench_batch), seq_lens=tuple(args.seq), max_runs=args.max_runs,
+                providers=("CPUExecutionProvider",),
+            )  # fmt: skip
+            bench = benchmark(timed, len(tokenizer), settings)
+            result["device"] = bench["device"]
+            result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
+            result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
+    report(result, base="dense" if args.dense else "fp32")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def report(result: dict, base: str) -> None:
+    metric = result["metric"]
+    print(f"{result['task']}: {metric} at {result['max_length']} tokens; Δ = variant - fp32 per example (± paired SE)")
+    print(f"{'variant':<18} {'validation':>10} {'Δ ± SE (changed)':>24} {'dev':>7} {'Δ ± SE (changed)':>24} "
+          f"{'alone≠batched':>14} {'max|Δ|':>9}")  # fmt: skip
     for name, v in result["variants"].items():
-        inv = v["batch_invariance"]
-        print(
-            f"{name:<18} {v['validation']:>10.2f} {v['dev']:>7.2f} "
-            f"{inv['labels_changed']:>6}/{inv['examples']:<7} {inv['max_abs_diff']:>9.2e}"
-        )
-    base = "dense" if args.dense else "fp32"
+        cells = []
+        for split in ("validation", "dev"):
+            d = v[f"{split}_vs_fp32"]
+            diff = f"{d['mean']:+.2f} ± {d['se']:.2f} ({d['changed']})" if d and name != "fp32" else ""
+            cells.append(f"{v[split][metric]:>10.2f} {diff:>24}")
+        inv = v.get("batch_invariance")
+        tail = f"{inv['rows_changed']:>6}/{inv['rows']:<7} {inv['max_abs_diff']:>9.2e}" if inv else ""
+        print(f"{name:<18} {cells[0]} {cells[1][3:]:>32} {tail}")
+    if "latency" not in result:
+        return
     print(f"\n{'variant':<18} {'batch':>5} {'seq':>4} {'p50 ms':>8} {'vs ' + base:>10}")
     ratio = {(r["model"], r["batch"], r["seq"]): r["speedup_p50"] for r in result["speedups"]}
     for c in result["latency"]:
         r = ratio.get((c["model"], c["batch"], c["seq"]))
         print(f"{c['model']:<18} {c['batch']:>5} {c['seq']:>4} {c['p50_ms']:>8.2f} {f'{r:.2f}x' if r else '':>10}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pipeline.config.int8 import REDUCE_RANGE
@@ -109,7 +109,7 @@ def optimize_onnx(
     return {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
 
 
-def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
+def quantize_int8(src: str | Path, dst: str | Path, keep_fp32: Sequence[str] = ()) -> dict[str, int]:
     """Dynamic int8 quantisation of weights (per output channel, 7-bit: `REDUCE_RANGE`; activations quantised at
     run time).
 
@@ -120,18 +120,19 @@ def quantize_int8(src: str | Path, dst: str | Path) -> dict[str, int]:
     attention output MatMul (onnxruntime: "Unable to find data type for weight_name").
     MatMuls with an empty weight (a zero-width FFN layer) stay fp32: ORT's MatMulInteger leaves its output
     uninitialised when the inner dimension is 0 (garbage that changes from run to run), while fp32 MatMul
-    correctly returns zeros.
+    correctly returns zeros. `keep_fp32` names more nodes to leave in fp32 (`benchmarks/int8_modes.py` measures
+    what keeping the head or the FFN outputs in fp32 gives).
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _shaped(src) as (shaped, keep_fp32), _quiet():
+    with _shaped(src) as (shaped, empty), _quiet():
         quantize_dynamic(
             str(shaped),
             str(dst),
             weight_type=QuantType.QInt8,
             per_channel=True,
             reduce_range=REDUCE_RANGE,
-            nodes_to_exclude=keep_fp32,
+            nodes_to_exclude=empty + list(keep_fp32),
         )
     return op_counts(dst)
 

@@ -63,8 +63,8 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
     from pipeline.data.encoding import encode
     from pipeline.data.squad import QASplit, Question
     from pipeline.data.tagged import TaggedSplit
-    from pipeline.train.metrics import predict_logits, scores
-    from pipeline.train.squad_metric import squad_scores
+    from pipeline.train.metrics import example_scores, predict_logits, scores
+    from pipeline.train.squad_metric import squad_scores, token_f1
     from serving.spans import MAX_ANSWER_LEN, best_answers, question_windows, windowing
 
     tok, model = tiny_tokenizer("bert"), _model("bert", kind)
@@ -92,7 +92,9 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
                 perfect[start + n, max(label, 0)] = 10.0
             start += len(feature["input_ids"])
         assert scores(perfect, full) == {"precision": 100.0, "recall": 100.0, "f1": 100.0}
+        assert example_scores(perfect, full) is None  # entity F1 counts the whole split, not examples
         return
+    per_question = example_scores(torch_rows, enc)  # what int8_modes' paired differences average
     served = []  # what the server does: its own windows, the model per window, the same decoder
     cutter = windowing(tok.backend_tokenizer, 48, 16)
     for q in split.questions:
@@ -105,6 +107,24 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
                             attention_mask=torch.tensor([e.attention_mask]))  # fmt: skip
             outs.append((out.start_logits[0].numpy(), out.end_logits[0].numpy()))
         answers = best_answers(windows, [s for s, _ in outs], [e for _, e in outs], q.context, MAX_ANSWER_LEN)
-        served.append(answers[0]["answer"])
+        served.append(answers[0])
     golds = [[a for a, _ in q.answers] for q in split.questions]
-    assert scores(torch_rows, enc) == pytest.approx(squad_scores(served, golds))
+    texts = [a["answer"] for a in served]
+    assert scores(torch_rows, enc) == pytest.approx(squad_scores(texts, golds))
+    each = [100 * max(token_f1(a, g) for g in gs) for a, gs in zip(texts, golds, strict=True)]
+    assert per_question.tolist() == pytest.approx(each)
+    # every other question's gold answer made the served one: those score 100 each, in their place
+    hit = QASplit([Question(q.id, q.question, q.context, ((a["answer"], a["start"]),) if i % 2 else q.answers)
+                   for i, (q, a) in enumerate(zip(split.questions, served, strict=True))])  # fmt: skip
+    hits = example_scores(onnx_rows, encode(tok, hit, 48, stride=16))
+    assert hits[1::2].tolist() == [100.0] * 6 and hits[::2].tolist() == pytest.approx(each[::2])
+
+
+def test_example_scores_of_a_sequence_task_are_each_examples_accuracy():
+    from pipeline.data.encoding import Encoded
+    from pipeline.train.metrics import example_scores, scores
+
+    enc = Encoded(features=[{"input_ids": [1, 2]}] * 4, labels=[0, 1, 1, 0], pad_id=0)
+    rows = np.array([[2.0, 1.0], [0.0, 3.0], [1.0, 0.5], [1.0, 0.0]])
+    assert example_scores(rows, enc).tolist() == [100.0, 100.0, 0.0, 100.0]
+    assert scores(rows, enc)["accuracy"] == 75.0

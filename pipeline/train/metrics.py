@@ -20,7 +20,7 @@ from pipeline.data.tagged import OUTSIDE
 from pipeline.data.tasks import QA, TOKEN
 from pipeline.train.entity_metric import entity_scores
 from pipeline.train.losses import prediction_rows
-from pipeline.train.squad_metric import squad_scores
+from pipeline.train.squad_metric import squad_scores, token_f1
 from serving.spans import MAX_ANSWER_LEN, best_answers
 
 
@@ -96,8 +96,24 @@ def _entity_scores(rows: np.ndarray, enc: Encoded) -> dict[str, float]:
     return entity_scores(predicted, gold)
 
 
+def example_scores(rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
+    """Each example's share of a metric that is a mean over examples, in percent, so that two models can be compared
+    example by example (a paired difference and its standard error): sequence classification, accuracy (0 or 100
+    per example); question answering, SQuAD F1 (each question's). None for token classification: entity F1 counts
+    the whole split."""
+    if enc.kind == QA:
+        return np.array([100 * max(token_f1(p, g) for g in gs) for p, gs in zip(*_answers(rows, enc), strict=True)])
+    if enc.kind == TOKEN:
+        return None
+    return 100.0 * (np.asarray(rows).argmax(-1) == np.asarray(enc.labels))
+
+
 def _answer_scores(rows: np.ndarray, enc: Encoded) -> dict[str, float]:
-    """Each question's best answer over its windows, decoded as the server decodes it."""
+    return squad_scores(*_answers(rows, enc))
+
+
+def _answers(rows: np.ndarray, enc: Encoded) -> tuple[list[str], list[list[str]]]:
+    """Each question's best answer over its windows, decoded as the server decodes it, and its gold answers."""
     n = len(enc.features)
     by_question: dict[int, list[int]] = {}
     for i, sample in enumerate(enc.samples):
@@ -110,4 +126,4 @@ def _answer_scores(rows: np.ndarray, enc: Encoded) -> dict[str, float]:
         answers = best_answers([enc.windows[i] for i in windows], starts, ends, question.context, MAX_ANSWER_LEN)
         predictions.append(answers[0]["answer"] if answers else "")
         golds.append([text for text, _ in question.answers])
-    return squad_scores(predictions, golds)
+    return predictions, golds
