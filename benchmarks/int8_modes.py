@@ -37,10 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.benchmark import benchmark, speedups
 from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_static_int8
 from export.parity import onnx_logits
-from pipeline.config.schema import BenchSettings
+from pipeline.config.recipes import lay_kind_settings
+from pipeline.config.schema import BenchSettings, TrainConfig
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
-from pipeline.data.tasks import QA, get_task
+from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
@@ -50,7 +51,6 @@ VARIANTS = (
     "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-ffn-out-fp32",
     "int8-static",
 )  # fmt: skip
-QA_LENGTH = 384  # the question-answering kind's window (recipes/kinds/question-answering.yaml)
 
 
 def linears(path: Path) -> list[str]:
@@ -62,27 +62,36 @@ def linears(path: Path) -> list[str]:
     return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and weights.intersection(n.input[1:2])]
 
 
-def kept_fp32(variant: str, fp32: Path) -> list[str]:
-    """The nodes a dynamic-int8 variant leaves in fp32."""
-    names = linears(fp32)
+def kind_length(kind: str) -> int:
+    """Tokens per example a teacher of this task kind is trained at: its kind settings' (QA: 384), else the default."""
+    settings: dict = {}
+    lay_kind_settings(settings, kind, "none", ())
+    return settings.get("teacher", {}).get("max_length", TrainConfig().max_length)
+
+
+def kept_fp32(variant: str, names: list[str]) -> list[str]:
+    """The nodes a dynamic-int8 variant leaves in fp32, of the fp32 graph's constant-weight linears `names`."""
     if variant == "int8-head-fp32":
         return names[-1:]
     if variant == "int8-ffn-out-fp32":
         kept = [n for n in names if "/output/dense/" in n and "/attention/" not in n]
         if not kept:
-            raise PipelineError(f"{variant}: no FFN output linear (a node named '.../output/dense/...') in {fp32}")
+            raise PipelineError(f"{variant}: no FFN output linear (a node named '.../output/dense/...') in the graph")
         return kept
     return []
 
 
-def build_variants(model_dir: Path, out: Path, wanted: list[str], calibration) -> dict[str, Path]:
-    """The wanted variants' graphs under `out` (the fp32 graph is always built: every other one starts from it)."""
+def build_variants(model_dir: Path, out: Path, wanted: list[str], calibration) -> tuple[dict[str, Path], dict]:
+    """The wanted variants' graphs under `out` (the fp32 graph is always built: every other one starts from it),
+    and how many linears each leaves in fp32 beyond the artifact's int8."""
     raw = export_onnx(load_model(model_dir), None, out / "raw")
     fp32 = out / "fp32.onnx"
     optimize_onnx(raw, fp32)
-    paths = {"fp32": fp32}
+    names = linears(fp32)
+    paths, kept = {"fp32": fp32}, {"fp32": 0}
     for name in wanted:
         path = out / f"{name}.onnx"
+        keep = kept_fp32(name, names)
         if name == "fp32-no-embed-ln":
             optimize_onnx(raw, path, embed_layer_norm=False)
         elif name == "fp32-gelu-approx":
@@ -90,19 +99,18 @@ def build_variants(model_dir: Path, out: Path, wanted: list[str], calibration) -
         elif name == "int8-static":
             quantize_static_int8(fp32, path, calibration.features)
         elif name.startswith("int8-"):
-            quantize_int8(fp32, path, kept_fp32(name, fp32))
+            quantize_int8(fp32, path, keep)
         else:
             continue
-        paths[name] = path
-    return paths
+        paths[name], kept[name] = path, len(keep)
+    return paths, kept
 
 
-def paired(rows: np.ndarray, base: np.ndarray, enc) -> dict | None:
-    """The variant's per-example scores minus fp32's: mean, paired standard error, examples changed."""
-    a, b = example_scores(rows, enc), example_scores(base, enc)
+def paired(a: np.ndarray | None, base: np.ndarray | None) -> dict | None:
+    """Per-example scores minus fp32's (`example_scores`): mean, paired standard error, examples changed."""
     if a is None:
         return None
-    d = a - b
+    d = a - base
     return {"mean": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))), "changed": int((d != 0).sum())}
 
 
@@ -129,35 +137,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bench", action="store_true", help="skip the latency run")
     ap.add_argument("--bench-batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--seq", type=int, nargs="+", default=[128])
-    ap.add_argument("--max-length", type=int, help=f"tokens per example (default {QA_LENGTH} for QA, else 128)")
+    ap.add_argument("--max-length", type=int, help="tokens per example (default: the task kind's, QA 384, else 128)")
     ap.add_argument("--max-runs", type=int, default=100)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     try:
-        spec = get_task(args.task)
-        data = load_task_data(spec, args.data_dir)
-        tokenizer = load_tokenizer(args.model)
-        length = args.max_length or (QA_LENGTH if spec.kind == QA else 128)
-        splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
-        calibration = encode(tokenizer, data.train.head(args.calibration), length)
+        result = measure(args)
     except PipelineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    report(result, base="dense" if args.dense else "fp32")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict:
+    spec = get_task(args.task)
+    data = load_task_data(spec, args.data_dir)
+    tokenizer = load_tokenizer(args.model)
+    length = args.max_length or kind_length(spec.kind)
+    splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
+    calibration = encode(tokenizer, data.train.head(args.calibration), length)
     result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric, "max_length": length}
     result["calibration_examples"] = len(calibration)
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            paths = build_variants(args.model, Path(tmp), args.variants, calibration)
-        except PipelineError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        paths, kept = build_variants(args.model, Path(tmp), args.variants, calibration)
         rows = {name: {split: onnx_logits(path, enc) for split, enc in splits.items()} for name, path in paths.items()}
+        each = {name: {s: example_scores(r, splits[s]) for s, r in by.items()} for name, by in rows.items()}
         result["variants"] = {}
         for name, path in paths.items():
-            entry: dict = {"kept_fp32": len(kept_fp32(name, paths["fp32"]))}
+            entry: dict = {"kept_fp32": kept[name]}
             for split, enc in splits.items():
                 entry[split] = scores(rows[name][split], enc)
-                entry[f"{split}_vs_fp32"] = paired(rows[name][split], rows["fp32"][split], enc)
+                entry[f"{split}_vs_fp32"] = paired(each[name][split], each["fp32"][split])
             if not args.no_invariance:
                 entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)
             result["variants"][name] = entry
@@ -176,26 +189,24 @@ def main(argv: list[str] | None = None) -> int:
             result["device"] = bench["device"]
             result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
             result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
-    report(result, base="dense" if args.dense else "fp32")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0
+    return result
 
 
 def report(result: dict, base: str) -> None:
     metric = result["metric"]
     print(f"{result['task']}: {metric} at {result['max_length']} tokens; Δ = variant - fp32 per example (± paired SE)")
-    print(f"{'variant':<18} {'validation':>10} {'Δ ± SE (changed)':>24} {'dev':>7} {'Δ ± SE (changed)':>24} "
-          f"{'alone≠batched':>14} {'max|Δ|':>9}")  # fmt: skip
+    d = "Δ ± SE (changed)"
+    print(f"{'variant':<18} {'validation':>10} {d:>22} {'dev':>10} {d:>22} {'alone≠batched':>14} {'max|Δ|':>9}")
     for name, v in result["variants"].items():
-        cells = []
+        line = f"{name:<18}"
         for split in ("validation", "dev"):
             d = v[f"{split}_vs_fp32"]
             diff = f"{d['mean']:+.2f} ± {d['se']:.2f} ({d['changed']})" if d and name != "fp32" else ""
-            cells.append(f"{v[split][metric]:>10.2f} {diff:>24}")
+            line += f" {v[split][metric]:>10.2f} {diff:>22}"
         inv = v.get("batch_invariance")
-        tail = f"{inv['rows_changed']:>6}/{inv['rows']:<7} {inv['max_abs_diff']:>9.2e}" if inv else ""
-        print(f"{name:<18} {cells[0]} {cells[1][3:]:>32} {tail}")
+        if inv:
+            line += f" {inv['rows_changed']:>6}/{inv['rows']:<7} {inv['max_abs_diff']:>9.2e}"
+        print(line)
     if "latency" not in result:
         return
     print(f"\n{'variant':<18} {'batch':>5} {'seq':>4} {'p50 ms':>8} {'vs ' + base:>10}")
