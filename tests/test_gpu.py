@@ -37,3 +37,34 @@ def test_benchmark_cuda_pass(tmp_path):
     providers = {c["provider"] for c in result["cells"]}
     assert "CUDAExecutionProvider" in providers
     assert any(s["model"] == "int8" and s["provider"] == "CUDAExecutionProvider" for s in result["skipped"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["token", "qa"])
+def test_span_predictions_on_cuda_equal_the_cpus(kind):
+    """Validation during training and the torch scores of span tasks run on the model's device: their padding masks
+    must follow the batch there (QA's masked_fill met CUDA logits with a CPU mask)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
+
+    from pipeline.data.encoding import encode
+    from pipeline.data.squad import QASplit, Question
+    from pipeline.data.tagged import TaggedSplit
+    from pipeline.data.tasks import CONLL_TAGS
+    from pipeline.train.metrics import predict_logits, scores
+
+    cfg = tiny_model("bert").config
+    torch.manual_seed(0)
+    if kind == "token":
+        cfg.num_labels = len(CONLL_TAGS)
+        model = AutoModelForTokenClassification.from_config(cfg).eval()
+        split = TaggedSplit([("Peter", "Blackburn", "won"), ("Bonn",)], [(1, 2, 0), (5,)], CONLL_TAGS)
+    else:
+        model = AutoModelForQuestionAnswering.from_config(cfg).eval()
+        split = QASplit([Question("a", "Who won?", "Denver won the game.", (("Denver", 0),)),
+                         Question("b", "Where?", "In Bonn.", (("Bonn", 3),))])  # fmt: skip
+    enc = encode(tiny_tokenizer("bert"), split, 64, stride=16)
+    on_cpu = predict_logits(model, enc)
+    on_cuda = predict_logits(model.to("cuda"), enc)
+    assert np.allclose(on_cpu, on_cuda, atol=1e-4) and scores(on_cuda, enc) == scores(on_cpu, enc)

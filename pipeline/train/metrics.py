@@ -54,7 +54,8 @@ def predict_logits(model: torch.nn.Module, enc: Encoded, batch_size: int = 64) -
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
         batch.pop("labels")
-        out.append(output_rows(model(**{k: v.to(device) for k, v in batch.items()}), batch, width))
+        batch = {k: v.to(device) for k, v in batch.items()}  # the rows' masks too: QA's padding mask meets CUDA logits
+        out.append(output_rows(model(**batch), batch, width))
     return join_rows(out, enc)
 
 
