@@ -38,6 +38,7 @@ from export.parity import onnx_logits
 from pipeline.cache import default_cache_dir
 from pipeline.compress.registry import model_max_length
 from pipeline.data.encoding import encode
+from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.request import prepare_request
@@ -106,6 +107,9 @@ def main() -> None:
                 f.write(json.dumps(row) + "\n")
 
     teacher_request = request("none", [])
+    requests = {name: request(method, overrides) for name, method, overrides in args.variant}  # all checked first
+    if len(requests) < len(args.variant):
+        raise PipelineError("two --variant options share a name")
     data = teacher_request.data.load()
     device = str(resolve_device(args.device))
     t = time.perf_counter()
@@ -119,7 +123,7 @@ def main() -> None:
                 emit({"name": name, "skipped": f"past --budget-s {args.budget_s:g}"})
                 continue
             t = time.perf_counter()
-            req = request(method, overrides)
+            req = requests[name]
             result = compress.run(req.config, req.teacher, req.data, req.cache_dir, req.model)
             trained = round(time.perf_counter() - t, 1)
             length = model_max_length(req.config)
@@ -133,4 +137,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PipelineError as e:  # a bad task, teacher, data folder or override: one line, as the CLI says it
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
