@@ -80,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--teacher", required=True)
     parser.add_argument("--task", required=True)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", help="the task's data folder; default: the shipped sample, where there is one")
     parser.add_argument("--variant", action="append", required=True, type=parse_variant)
     parser.add_argument("--device", default="auto", help="training and torch scoring: auto, cpu or cuda")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no variant after this")
@@ -110,6 +110,10 @@ def main() -> None:
     requests = {name: request(method, overrides) for name, method, overrides in args.variant}  # all checked first
     if len(requests) < len(args.variant):
         raise PipelineError("two --variant options share a name")
+    planned = [name for name, req in requests.items() if req.config.target.speedup is not None]
+    if planned:  # the plan is timed on the serving machine's latency table: give its shape as overrides instead
+        raise PipelineError(f"variant {planned[0]} sets target.speedup; this script runs no plan: pass the planned "
+                            "shape (config.*.student.layers, config.*.mask.shape) as overrides")  # fmt: skip
     data = teacher_request.data.load()
     device = str(resolve_device(args.device))
     t = time.perf_counter()

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -345,3 +346,27 @@ def test_real_lengths_run_every_batch_through_every_model_at_its_own_padding(mod
     assert set(out["models"]) == set(models)
     for r in out["models"].values():
         assert r["seconds"] > 0 and r["examples_per_s"] == pytest.approx(6 / r["seconds"], rel=0.01)
+
+
+@pytest.mark.e2e
+def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_onnx(classifier_dirs, tmp_path):
+    """`benchmarks/recipe_scores.py` runs each variant through the real compress and compact stages and scores it in
+    torch and ONNX Runtime; the fp32 graph answers as torch does; a bad override is one line before any work."""
+    script = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "recipe_scores.py")]
+    common = ["--teacher", str(classifier_dirs["bert"]), "--task", "sst2", "--cache-dir", str(tmp_path / "cache")]
+    variants = ["--variant", "s=smp:config.train.max_steps=4,config.recover_steps=2,data.max_train=64",
+                "--variant", "d=distill:config.student.layers=1,config.transfer_steps=2,config.relation_heads=4,"
+                "config.train.max_steps=2"]  # fmt: skip
+    out = tmp_path / "rows.jsonl"
+    done = subprocess.run([*script, *common, *variants, "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["name"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert list(rows) == ["teacher", "s", "d"]
+    assert rows["d"]["shape"]["num_hidden_layers"] == 1 and rows["s"]["shape"]["num_hidden_layers"] == 2
+    for row in (rows["s"], rows["d"]):
+        for split in ("validation", "dev"):
+            assert row[f"onnx_fp32_{split}"] == row[f"torch_{split}"] and "accuracy" in row[f"onnx_int8_{split}"]
+    bad = subprocess.run([*script, *common, "--variant", "x=smp:config.bogus=1"], capture_output=True, text=True)
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error: ")]
+    assert bad.returncode == 2 and errors == ["error: invalid smp config: bogus: Extra inputs are not permitted"]
+    assert "teacher" not in bad.stdout  # refused before the teacher was scored
