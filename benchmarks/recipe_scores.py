@@ -18,7 +18,8 @@ A variant is NAME=METHOD[:OVERRIDE,OVERRIDE...] (overrides as `--set` takes them
 for METHOD). Every model is scored on the same splits, the task's data as its default recipe reads it (a variant's
 `data.*` overrides change what it trains on, not what it is scored on). The teacher is scored first. `--budget-s`
 starts no variant after that many seconds (each one that did not start is listed as skipped); results are appended
-to `--json` as each variant finishes.
+to `--json` as each variant finishes, with the validation curve of every training phase where `eval_every` is set
+(e.g. `config.train.eval_every=250`: how many steps a recipe needs).
 """
 
 from __future__ import annotations
@@ -56,6 +57,22 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
     if not sep or not name or not method:
         raise SystemExit(f"error: --variant {text!r} is not NAME=METHOD[:OVERRIDE,...]")
     return name, method, [o for o in overrides.split(",") if o]
+
+
+def curves(report: object, metric: str, where: str = "") -> dict[str, list[tuple[int, float]]]:
+    """Every training phase's validation curve in a compress stage's report: (step, metric) wherever the history
+    holds an evaluation (`config.train.eval_every`), keyed by the phase's place in the report."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    if isinstance(report, dict):
+        history = report.get("history")
+        if isinstance(history, list):
+            points = [(h["step"], round(h[metric], 2)) for h in history if isinstance(h, dict) and metric in h]
+            if points:
+                found[where or "training"] = points
+        for key, value in report.items():
+            if key != "history":
+                found.update(curves(value, metric, f"{where}.{key}" if where else key))
+    return found
 
 
 def score(folder: Path, data, max_length: int, device: str, onnx_dir: Path | None) -> dict:
@@ -134,9 +151,11 @@ def main() -> None:
             folder = work / name / "pytorch"
             report = compact.run(result["path"], req.data, str(folder), req.config.gates.compaction_atol, length)
             config = json.loads((folder / "config.json").read_text())
+            stage = Path(result["path"]) / "stage.json"
+            report_curves = curves(json.loads(stage.read_text()), data.task.metric) if stage.is_file() else {}
             emit({"name": name, "method": method, "overrides": overrides, "compress_seconds": trained,
                   "shape": {k: config[k] for k in SHAPE_KEYS if k in config}, "params": report.get("params"),
-                  **score(folder, data, length, device, work / name / "onnx"),
+                  **score(folder, data, length, device, work / name / "onnx"), "curves": report_curves,
                   "seconds": round(time.perf_counter() - t, 1)})  # fmt: skip
 
 

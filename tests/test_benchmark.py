@@ -354,7 +354,8 @@ def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_
     torch and ONNX Runtime; the fp32 graph answers as torch does; a bad override is one line before any work."""
     script = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "recipe_scores.py")]
     common = ["--teacher", str(classifier_dirs["bert"]), "--task", "sst2", "--cache-dir", str(tmp_path / "cache")]
-    variants = ["--variant", "s=smp:config.train.max_steps=4,config.recover_steps=2,data.max_train=64",
+    variants = ["--variant", "s=smp:config.train.max_steps=4,config.recover_steps=2,data.max_train=64,"
+                "config.train.eval_every=2",
                 "--variant", "d=distill:config.student.layers=1,config.transfer_steps=2,config.relation_heads=4,"
                 "config.train.max_steps=2"]  # fmt: skip
     out = tmp_path / "rows.jsonl"
@@ -363,6 +364,8 @@ def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_
     rows = {r["name"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert list(rows) == ["teacher", "s", "d"]
     assert rows["d"]["shape"]["num_hidden_layers"] == 1 and rows["s"]["shape"]["num_hidden_layers"] == 2
+    steps = {name: [[step for step, _ in points] for points in rows[name]["curves"].values()] for name in "sd"}
+    assert steps == {"s": [[2, 4], [2]], "d": [[2]]}  # masks at eval_every and at the end; recovery; distill
     for row in (rows["s"], rows["d"]):
         for split in ("validation", "dev"):
             assert row[f"onnx_fp32_{split}"] == row[f"torch_{split}"] and "accuracy" in row[f"onnx_int8_{split}"]
