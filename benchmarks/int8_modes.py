@@ -37,14 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.benchmark import benchmark, speedups
 from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_static_int8
 from export.parity import onnx_logits
-from pipeline.config.recipes import lay_kind_settings
-from pipeline.config.schema import BenchSettings, TrainConfig
+from pipeline.config.schema import BenchSettings
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
+from pipeline.request import build_deploy_config
 from pipeline.train.metrics import example_scores, scores
 
 VARIANTS = (
@@ -60,13 +60,6 @@ def linears(path: Path) -> list[str]:
     graph = onnx.load(str(path)).graph
     weights = {t.name for t in graph.initializer}
     return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and weights.intersection(n.input[1:2])]
-
-
-def kind_length(kind: str) -> int:
-    """Tokens per example a teacher of this task kind is trained at: its kind settings' (QA: 384), else the default."""
-    settings: dict = {}
-    lay_kind_settings(settings, kind, "none", ())
-    return settings.get("teacher", {}).get("max_length", TrainConfig().max_length)
 
 
 def kept_fp32(variant: str, names: list[str]) -> list[str]:
@@ -156,7 +149,7 @@ def measure(args: argparse.Namespace) -> dict:
     spec = get_task(args.task)
     data = load_task_data(spec, args.data_dir)
     tokenizer = load_tokenizer(args.model)
-    length = args.max_length or kind_length(spec.kind)
+    length = args.max_length or build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
     splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
     calibration = encode(tokenizer, data.train.head(args.calibration), length)
     result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric, "max_length": length}
