@@ -48,8 +48,6 @@ from pipeline.train.loop import resolve_device
 from pipeline.train.metrics import predict_logits, scores
 from serving.artifact import GRAPHS
 
-SHAPE_KEYS = ("num_hidden_layers", "layer_heads", "intermediate_sizes")
-
 
 def parse_variant(text: str) -> tuple[str, str, list[str]]:
     name, sep, rest = text.partition("=")
@@ -111,11 +109,10 @@ def main() -> None:
     logging.getLogger("pipeline").setLevel(logging.INFO)
     start = time.perf_counter()
 
-    def request(method: str, overrides: list[str]):
+    def request(method: str, overrides: list[str]):  # the teacher is given, so only the variants train
         return prepare_request(method, args.task, teacher=args.teacher, data_dir=args.data_dir,
                                cache_dir=args.cache_dir, output_dir=tempfile.gettempdir(),
-                               overrides=[*overrides, f"teacher.device={args.device}"] + (
-                                   [f"config.train.device={args.device}"] if method != "none" else []))  # fmt: skip
+                               overrides=overrides)  # fmt: skip
 
     def emit(row: dict) -> None:
         print(json.dumps(row), flush=True)
@@ -124,7 +121,10 @@ def main() -> None:
                 f.write(json.dumps(row) + "\n")
 
     teacher_request = request("none", [])
-    requests = {name: request(method, overrides) for name, method, overrides in args.variant}  # all checked first
+    requests = {  # all checked first, the device among them
+        name: request(method, [*overrides, f"config.train.device={args.device}"])
+        for name, method, overrides in args.variant
+    }
     if len(requests) < len(args.variant):
         raise PipelineError("two --variant options share a name")
     planned = [name for name, req in requests.items() if req.config.target.speedup is not None]
@@ -150,12 +150,15 @@ def main() -> None:
             length = model_max_length(req.config)
             folder = work / name / "pytorch"
             report = compact.run(result["path"], req.data, str(folder), req.config.gates.compaction_atol, length)
-            config = json.loads((folder / "config.json").read_text())
-            stage = Path(result["path"]) / "stage.json"
-            report_curves = curves(json.loads(stage.read_text()), data.task.metric) if stage.is_file() else {}
+            shape = {
+                "num_hidden_layers": len(report["heads"]),
+                "layer_heads": report["heads"],
+                "intermediate_sizes": report["ffn_widths"],
+            }  # what compaction left, as config.json records it
             emit({"name": name, "method": method, "overrides": overrides, "compress_seconds": trained,
-                  "shape": {k: config[k] for k in SHAPE_KEYS if k in config}, "params": report.get("params"),
-                  **score(folder, data, length, device, work / name / "onnx"), "curves": report_curves,
+                  "shape": shape, "params": report.get("params"),
+                  **score(folder, data, length, device, work / name / "onnx"),
+                  "curves": curves(result, data.task.metric),  # the last stage's report, as the cache holds it
                   "seconds": round(time.perf_counter() - t, 1)})  # fmt: skip
 
 
