@@ -116,6 +116,27 @@ FAMILY_KINDS = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "debe
 BYTE_LEVEL_KINDS = ("roberta", "xlm-roberta")
 
 
+def tiny_span_case(kind: str):
+    """A random tiny BERT with a token-classification (`token`, CoNLL tags) or question-answering (`qa`) head, and
+    two examples of that kind (a short and a shorter one, so batches pad)."""
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
+
+    from pipeline.data.squad import QASplit, Question
+    from pipeline.data.tagged import TaggedSplit
+    from pipeline.data.tasks import CONLL_TAGS
+
+    cfg = tiny_model("bert").config
+    torch.manual_seed(0)
+    if kind == "token":
+        cfg.num_labels = len(CONLL_TAGS)
+        model = AutoModelForTokenClassification.from_config(cfg).eval()
+        return model, TaggedSplit([("Peter", "Blackburn", "won"), ("Bonn",)], [(1, 2, 0), (5,)], CONLL_TAGS)
+    model = AutoModelForQuestionAnswering.from_config(cfg).eval()
+    split = QASplit([Question("a", "Who won?", "Denver won the game.", (("Denver", 0),)),
+                     Question("b", "Where?", "In Bonn.", (("Bonn", 3),))])  # fmt: skip
+    return model, split
+
+
 def tiny_family_model(
     kind: str,
     layers: int = 3,

@@ -45,25 +45,12 @@ def test_span_predictions_on_cuda_equal_the_cpus(kind):
     """Validation during training and the torch scores of span tasks run on the model's device: their padding masks
     must follow the batch there (QA's masked_fill met CUDA logits with a CPU mask)."""
     import numpy as np
-    import torch
-    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
 
     from pipeline.data.encoding import encode
-    from pipeline.data.squad import QASplit, Question
-    from pipeline.data.tagged import TaggedSplit
-    from pipeline.data.tasks import CONLL_TAGS
     from pipeline.train.metrics import predict_logits, scores
+    from tests.helpers import tiny_span_case
 
-    cfg = tiny_model("bert").config
-    torch.manual_seed(0)
-    if kind == "token":
-        cfg.num_labels = len(CONLL_TAGS)
-        model = AutoModelForTokenClassification.from_config(cfg).eval()
-        split = TaggedSplit([("Peter", "Blackburn", "won"), ("Bonn",)], [(1, 2, 0), (5,)], CONLL_TAGS)
-    else:
-        model = AutoModelForQuestionAnswering.from_config(cfg).eval()
-        split = QASplit([Question("a", "Who won?", "Denver won the game.", (("Denver", 0),)),
-                         Question("b", "Where?", "In Bonn.", (("Bonn", 3),))])  # fmt: skip
+    model, split = tiny_span_case(kind)
     enc = encode(tiny_tokenizer("bert"), split, 64, stride=16)
     on_cpu = predict_logits(model, enc)
     on_cuda = predict_logits(model.to("cuda"), enc)

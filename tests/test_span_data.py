@@ -11,7 +11,7 @@ import pytest
 from seqeval.metrics import f1_score, precision_score, recall_score
 
 from pipeline.data.loaders import load_task_data
-from pipeline.data.squad import QASplit, Question, read_qa
+from pipeline.data.squad import QASplit, read_qa
 from pipeline.data.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
 from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
@@ -407,23 +407,14 @@ def test_a_question_leaving_no_room_for_its_context_is_one_line():
 @pytest.mark.parametrize("kind", ["token", "qa"])
 def test_loss_rows_score_real_tokens_only_and_kd_to_itself_is_zero(kind):
     import torch
-    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
 
     from pipeline.config.schema import TrainConfig
     from pipeline.data.encoding import collate, encode
     from pipeline.train.losses import classification_loss, prediction_rows
-    from tests.helpers import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_span_case, tiny_tokenizer
 
-    tok, cfg = tiny_tokenizer("bert"), tiny_model("bert").config
-    torch.manual_seed(0)
-    if kind == "token":
-        cfg.num_labels = len(CONLL_TAGS)
-        model = AutoModelForTokenClassification.from_config(cfg).eval()
-        split = TaggedSplit([("Peter", "Blackburn", "won"), ("Bonn",)], [(1, 2, 0), (5,)])
-    else:
-        model = AutoModelForQuestionAnswering.from_config(cfg).eval()
-        split = QASplit([Question("a", "Who won?", "Denver won the game.", (("Denver", 0),)),
-                         Question("b", "Where?", "In Bonn.", (("Bonn", 3),))])  # fmt: skip
+    tok = tiny_tokenizer("bert")
+    model, split = tiny_span_case(kind)
     enc = encode(tok, split, 64, stride=16)
     alone = [classification_loss(None, TrainConfig())(model, collate(enc, [i])) for i in range(len(enc))]
     batch = collate(enc, list(range(len(enc))))
