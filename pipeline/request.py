@@ -17,7 +17,7 @@ from pipeline.compress.shapes import check_hidden_options, check_target_chain
 from pipeline.config.recipes import (
     apply_override,
     load_recipe,
-    read_yaml_mapping,
+    read_recipe,
     resolve_recipe,
     shortcut_overrides,
 )
@@ -213,7 +213,7 @@ def prepare_general(
     cache_dir: str | None = None,
 ) -> tuple[str, str, GeneralConfig, str, str]:
     """The checked arguments of the general-student flow: (model folder, corpus folder, config, cache, output)."""
-    data = read_yaml_mapping(resolve_recipe("general", recipe or "default"), "recipe")
+    data = read_recipe(resolve_recipe("general", recipe or "default"), "general")
     shortcuts = {"student.layers": layers, "student.hidden": hidden, "student.heads": heads, "student.ffn": ffn,
                  "init": init, "train.max_steps": steps}  # fmt: skip
     for assignment in shortcut_overrides(set_, shortcuts):

@@ -5,7 +5,14 @@ import re
 import pytest
 
 from pipeline.compress.registry import get_method, method_config, methods
-from pipeline.config.recipes import RECIPES_DIR, TEACHERS_DIR, apply_override, default_recipe_path, read_yaml_mapping
+from pipeline.config.recipes import (
+    RECIPES_DIR,
+    TEACHERS_DIR,
+    apply_override,
+    default_recipe_path,
+    load_recipe,
+    read_yaml_mapping,
+)
 from pipeline.config.schema import DeployConfig, TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
 from pipeline.data.tasks import TASKS, get_task
@@ -120,6 +127,30 @@ def test_recipe_overrides_and_validation(tmp_path):
     recipe.write_text("method: mlp_fusion\nconfig: [1, 2\n")
     with pytest.raises(PipelineError, match="not valid YAML"):
         build_deploy_config("mlp_fusion", "sst2", recipe)
+
+
+def test_a_recipe_extends_another_and_says_only_what_differs(tmp_path):
+    """`extends: NAME` lays a recipe beside it, else the method's packaged NAME, under the recipe: its own values win,
+    mappings merge key by key, lists replace; the packaged SQuAD recipe is the default with its one change."""
+    base = load_recipe("smp", "sst2")
+    squad = load_recipe("smp", "sst2", "squad")
+    assert squad["config"]["smp"].pop("recover_steps") == 2000 and base["config"]["smp"].pop("recover_steps") == 250
+    assert squad == base
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("extends: default\nconfig:\n  train:\n    lr: 0.5\nbench:\n  seq_lens: [16]\n")  # the packaged one
+    cfg = build_deploy_config("smp", "sst2", mine)
+    assert method_config(cfg).train.lr == 0.5 and method_config(cfg).train.max_steps == 600
+    assert cfg.bench.seq_lens == (16,) and method_config(cfg).recover_steps == 250
+    (tmp_path / "default.yaml").write_text("method: smp\nconfig:\n  recover_steps: 7\n")  # a file beside it wins
+    assert method_config(build_deploy_config("smp", "sst2", mine)).recover_steps == 7
+    for text, message in [
+        ("extends: mine\n", "extends 'mine' goes round in a circle"),
+        ("extends: [a]\n", "extends must name a recipe"),
+        ("extends: nowhere\n", "recipe not found: nowhere"),
+    ]:
+        mine.write_text(text)
+        with pytest.raises(PipelineError, match=re.escape(message)):
+            build_deploy_config("smp", "sst2", mine)
 
 
 def test_question_answering_has_its_own_lengths_batching_and_int8_gate_unless_told_otherwise(tmp_path):

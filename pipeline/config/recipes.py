@@ -8,7 +8,8 @@ changes the teacher of every method at once, and methods keep sharing one cached
 Recipe lookup for `--method M --task T`: `recipes/M/T.yaml`, else `recipes/M/default.yaml` (the method's
 defaults for any task). A task kind whose defaults do not fit has `recipes/kinds/<kind>.yaml`, settings laid
 under every recipe of such a task (question answering's token lengths), before `--set`.
-`--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A chain
+`--recipe NAME` is `recipes/M/NAME.yaml`; any other value is a file path. A recipe may start from another with
+`extends: NAME` (a file beside it, else the packaged recipe NAME of the method) and say only what differs. A chain
 (`--method distill+smp`) has its own folder when it ships a tuned recipe; otherwise its recipe is composed from
 its methods' recipes: each method's `config` under its name, the rest (teacher, data, bench, gates) from the
 chain's last method, which produces the artifact.
@@ -60,6 +61,26 @@ def read_yaml_mapping(path: str | Path, what: str = "recipe") -> dict[str, Any]:
         raise PipelineError(f"{what} {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise PipelineError(f"{what} {path} must be a mapping at the top level")
+    return data
+
+
+def read_recipe(path: str | Path, method: str, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A recipe file's mapping with its `extends: NAME` laid under it, recursively: NAME is a file beside the recipe
+    (`NAME` or `NAME.yaml`), else the method's packaged recipe NAME. The recipe's own values win; mappings merge key
+    by key, lists and scalars replace."""
+    path = Path(path)
+    data = read_yaml_mapping(path)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip():
+        raise PipelineError(f"recipe {path}: extends must name a recipe, got {base!r}")
+    target = next((p for p in (path.parent / base, path.parent / f"{base}.yaml") if p.is_file()), None)
+    target = target or resolve_recipe(method, base)
+    seen = (*_seen, path.resolve())
+    if target.resolve() in seen:
+        raise PipelineError(f"recipe {path}: extends {base!r} goes round in a circle")
+    _lay_under(data, read_recipe(target, method, seen))
     return data
 
 
@@ -131,7 +152,7 @@ def composed_chain_recipe(method: str, task: str | None) -> dict[str, Any]:
     data: dict[str, Any] = {"method": method, "config": {}}
     for name in method.split(CHAIN_SEP):
         path = default_recipe_path(name, task)
-        part = read_yaml_mapping(path) if path else {}
+        part = read_recipe(path, name) if path else {}
         data["config"][name] = part.pop("config", {})
         part.pop("method", None)
         data.update(part)  # the last method's teacher, data, bench and gates win
@@ -156,7 +177,7 @@ def load_recipe(
     if path is None and CHAIN_SEP in method:
         data = composed_chain_recipe(method, lookup)
     else:
-        data = read_yaml_mapping(path) if path else {}
+        data = read_recipe(path, method) if path else {}
     if data.setdefault("method", method) != method:
         raise PipelineError(f"recipe is for method {data['method']!r}, not {method!r}")
     data["task"] = task
