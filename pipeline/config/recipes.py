@@ -75,8 +75,8 @@ def read_recipe(path: str | Path, method: str, _seen: tuple[Path, ...] = ()) -> 
         return data
     if not isinstance(base, str) or not base.strip():
         raise PipelineError(f"recipe {path}: extends must name a recipe, got {base!r}")
-    target = next((p for p in (path.parent / base, path.parent / f"{base}.yaml") if p.is_file()), None)
-    target = target or resolve_recipe(method, base)
+    beside = (path.parent / base, path.parent / f"{base}.yaml")
+    target = next((p for p in beside if p.is_file()), None) or resolve_recipe(method, base)
     seen = (*_seen, path.resolve())
     if target.resolve() in seen:
         raise PipelineError(f"recipe {path}: extends {base!r} goes round in a circle")
