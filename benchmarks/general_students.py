@@ -1,20 +1,25 @@
 """General students against task-specific distillation, on one task, same machine, same budgets, same teacher.
 
     python benchmarks/general_students.py --task sst2 --data-dir ../shared/data/sst2 --work runs/general \
-        [--shape 3x384 --shape 4x256] [--corpus ../shared/data/corpus] [--general-recipe default] [--json out.json]
+        [--shape 3x384 --shape 4x256] [--variant general ...] [--corpus ../shared/data/corpus] \
+        [--general-recipe default] [--set KEY=VALUE ...] [--json out.json]
 
-Per student shape (layers x hidden), three ways to a task model, all deployed with `pipeline deploy --method
+Per student shape (layers x hidden), up to four ways to a task model, all deployed with `pipeline deploy --method
 distill` against the same fine-tuned task teacher (the embedded MiniLM's, shared through the stage cache), so every
 speedup is against that dense fp32 teacher at batch 8 x 128:
 
   (a) general: the general student (`pipeline distill-general`, made once per shape on the corpus, never on the
-      task's data) fine-tuned on the task with output KD from the task teacher (`config.student.path`,
-      `config.transfer_steps=0`);
-  (b) task: today's task-specific `distill` (a student cut from the task teacher's layers; it cannot narrow the hidden
-      size, so for a narrower shape it keeps the teacher's hidden size and is listed at its own shape);
+      task's data) fine-tuned on the task with output KD from the task teacher only (`config.student.path`,
+      `config.transfer_steps=0`, `config.relation=0`);
+  (a') general-joint: the same student, one phase of output KD and MiniLMv2 relations together
+      (`config.transfer_steps=0`, relations on);
+  (b) task: today's task-specific `distill`, a student cut from the task teacher's layers and, for a narrower shape,
+      its most important heads, FFN neurons and hidden dimensions (`config.student.layers`, `.hidden`, `.ffn`);
   (c) general+task: the general student, then task-specific relation transfer from the task teacher and output KD.
 
-The runs go one after another (each deploy's benchmark runs on a machine with nothing else of ours going). Prints a
+A general student is made only for shapes with a general variant. The runs go one after another (each deploy's
+benchmark runs on a machine with nothing else of ours going); a variant whose artifact is already in `--work` is
+read, not rerun. `--set` goes to every deploy (e.g. loosened gates, so that a weak student is still timed). Prints a
 Markdown table: validation (chose nothing here; reported) and dev (the test) of the teacher and of the int8
 artifact, the dev difference, and the int8 graph's speedups against the dense fp32 teacher and dense int8.
 """
@@ -27,7 +32,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-RELATION_HEADS = 32  # divides 384 and 256, the teacher's and the narrow student's Q/K/V widths
+RELATION_HEADS = 48  # distill's default; it must divide the student's Q/K/V width too
+NARROW_RELATION_HEADS = 32  # divides 384 and 256, the teacher's and the narrow student's Q/K/V widths
+VARIANTS = ["general", "general-joint", "task", "general+task"]
 
 
 def run(cmd: list[str]) -> str:
@@ -52,11 +59,21 @@ def deploy(args, variant: str, shape: tuple[int, int], student: Path | None) -> 
     done = next(out.glob("*/report.json"), None) if out.is_dir() else None
     if done is not None:
         return done.parent
-    sets = [f"config.relation_heads={RELATION_HEADS}", f"config.student.layers={shape[0]}"]
+    sets = list(args.set)
+    if shape[1] % RELATION_HEADS:
+        sets.append(f"config.relation_heads={NARROW_RELATION_HEADS}")
     if student is not None:
-        sets.append(f"config.student.path={student}")
+        sets.append(f"config.student.path={student}")  # the student folder's own shape
+    else:
+        # the general student's shape: distill-general scales the FFN with the width (4 x hidden on BERT-family
+        # bases), where a narrower distill student would keep the teacher's whole FFN unless told
+        sets += [
+            f"config.student.{k}={v}" for k, v in (("layers", shape[0]), ("hidden", shape[1]), ("ffn", 4 * shape[1]))
+        ]
+    if variant in ("general", "general-joint"):
+        sets.append("config.transfer_steps=0")  # one phase: the task with output KD (and relations when joint)
     if variant == "general":
-        sets.append("config.transfer_steps=0")
+        sets.append("config.relation=0")
     cmd = ["pipeline", "deploy", "--method", "distill", "--task", args.task, "--data-dir", args.data_dir,
            "--output", str(out), *(x for s in sets for x in ("--set", s))]  # fmt: skip
     return Path(run(cmd))
@@ -92,13 +109,18 @@ def main() -> None:
     parser.add_argument("--shape", action="append", help="LAYERSxHIDDEN (default: 3x384 and 4x256)")
     parser.add_argument("--corpus", default="../shared/data/corpus")
     parser.add_argument("--general-recipe", default="default")
+    parser.add_argument("--variant", action="append", choices=VARIANTS, help="default: all four")
+    parser.add_argument("--set", action="append", default=[], help="KEY=VALUE for every deploy")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (args.shape or ["3x384", "4x256"])]
     rows = []
     for shape in shapes:
-        student = general_student(args.work, shape, args.corpus, args.general_recipe)
-        for variant, source in (("general", student), ("task", None), ("general+task", student)):
+        variants = args.variant or VARIANTS
+        needs_general = any(v != "task" for v in variants)
+        student = general_student(args.work, shape, args.corpus, args.general_recipe) if needs_general else None
+        for variant in variants:
+            source = None if variant == "task" else student
             rows.append(row(variant, shape, deploy(args, variant, shape, source)))
     print("| variant | shape asked | student | validation teacher / int8 | dev teacher / int8 | dev Δ | "
           "int8 vs dense fp32 | vs dense int8 |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
