@@ -32,7 +32,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-RELATION_HEADS = 48  # distill's default; it must divide the student's Q/K/V width too
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+
+from pipeline.compress.methods.distill.config import DistillConfig  # pydantic only, no torch
+
+RELATION_HEADS = DistillConfig.model_fields["relation_heads"].default  # it must divide the student's width too
 NARROW_RELATION_HEADS = 32  # divides 384 and 256, the teacher's and the narrow student's Q/K/V widths
 VARIANTS = ["general", "general-joint", "task", "general+task"]
 
