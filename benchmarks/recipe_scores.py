@@ -12,14 +12,16 @@ Usage:
     python benchmarks/recipe_scores.py --teacher DIR --task squad --data-dir ../shared/data/squad \
         --variant smp-r2000=smp:config.recover_steps=2000 \
         --variant distill4=distill:config.student.layers=4,config.train.max_steps=3000 \
-        [--device cuda] [--budget-s 600] [--cache-dir DIR] [--work DIR] [--json out.jsonl]
+        [--set data.validation_unit=sentence ...] [--device cuda] [--budget-s 600] [--cache-dir DIR] [--work DIR] \
+        [--json out.jsonl]
 
 A variant is NAME=METHOD[:OVERRIDE,OVERRIDE...] (overrides as `--set` takes them, on the task's default recipe
-for METHOD). Every model is scored on the same splits, the task's data as its default recipe reads it (a variant's
-`data.*` overrides change what it trains on, not what it is scored on). The teacher is scored first. `--budget-s`
-starts no variant after that many seconds (each one that did not start is listed as skipped); results are appended
-to `--json` as each variant finishes, with the validation curve of every training phase where `eval_every` is set
-(e.g. `config.train.eval_every=250`: how many steps a recipe needs).
+for METHOD). Every model is scored on the same splits, the task's data as its default recipe reads it with the
+`--set` overrides (they apply to the teacher's request and every variant alike: the validation split the teacher
+was fine-tuned against); a variant's own `data.*` overrides change what it trains on, not what it is scored on.
+The teacher is scored first. `--budget-s` starts no variant after that many seconds (each one that did not start
+is listed as skipped); results are appended to `--json` as each variant finishes, with the validation curve of
+every training phase where `eval_every` is set (e.g. `config.train.eval_every=250`: how many steps a recipe needs).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.onnx import export_optimized
 from export.parity import onnx_logits
 from pipeline.cache import default_cache_dir
-from pipeline.compress.registry import model_max_length
+from pipeline.compress.registry import CHAIN_SEP, model_max_length
 from pipeline.data.encoding import encode
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
@@ -55,6 +57,12 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
     if not sep or not name or not method:
         raise SystemExit(f"error: --variant {text!r} is not NAME=METHOD[:OVERRIDE,...]")
     return name, method, [o for o in overrides.split(",") if o]
+
+
+def device_overrides(method: str, device: str) -> list[str]:
+    """`device` for every training stage of `method` (a chain has one config section per method)."""
+    stages = method.split(CHAIN_SEP)
+    return [f"config.{m + '.' if len(stages) > 1 else ''}train.device={device}" for m in stages]
 
 
 def curves(report: object, metric: str, where: str = "") -> dict[str, list[tuple[int, float]]]:
@@ -97,6 +105,14 @@ def main() -> None:
     parser.add_argument("--task", required=True)
     parser.add_argument("--data-dir", help="the task's data folder; default: the shipped sample, where there is one")
     parser.add_argument("--variant", action="append", required=True, type=parse_variant)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="common",
+        metavar="KEY=VALUE",
+        help="an override for the teacher's request and every variant (e.g. the validation split)",
+    )
     parser.add_argument("--device", default="auto", help="training and torch scoring: auto, cpu or cuda")
     parser.add_argument("--budget-s", type=float, default=float("inf"), help="start no variant after this")
     parser.add_argument("--cache-dir", default=str(default_cache_dir()))
@@ -112,7 +128,7 @@ def main() -> None:
     def request(method: str, overrides: list[str]):  # the teacher is given, so only the variants train
         return prepare_request(method, args.task, teacher=args.teacher, data_dir=args.data_dir,
                                cache_dir=args.cache_dir, output_dir=tempfile.gettempdir(),
-                               overrides=overrides)  # fmt: skip
+                               overrides=[*args.common, *overrides])  # fmt: skip
 
     def emit(row: dict) -> None:
         print(json.dumps(row), flush=True)
@@ -122,7 +138,7 @@ def main() -> None:
 
     teacher_request = request("none", [])
     requests = {  # all checked first, the device among them
-        name: request(method, [*overrides, f"config.train.device={args.device}"])
+        name: request(method, [*overrides, *device_overrides(method, args.device)])
         for name, method, overrides in args.variant
     }
     if len(requests) < len(args.variant):
