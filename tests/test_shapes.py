@@ -69,7 +69,7 @@ def test_a_family_runs_without_layers_exactly_where_its_adapter_says():
 @pytest.mark.parametrize("target", [2.0, 3.0, 4.0, 6.0, 9.0])
 def test_the_searched_shape_meets_its_target_on_the_table(target):
     t = synthetic_table()
-    shape = search_shape(t, target, [1, 2, 3, 4, 5, 6])
+    shape = search_shape(t, target, [1, 2, 3, 4, 5, 6], objective="weights")
     assert t.dense_fp32_ms / t.predict_ms(shape.layers, shape.heads, shape.ffn) >= target
     assert shape.predicted_speedup >= target
     # it is the best such shape: nothing with more kept weights meets the target
@@ -80,10 +80,48 @@ def test_the_searched_shape_meets_its_target_on_the_table(target):
                     assert layers * (4 * 384 * 32 * heads + 2 * 384 * ffn) <= shape.params
 
 
+@pytest.mark.parametrize("target", [3.0, 4.0, 6.0, 9.0])
+def test_the_balanced_objective_widens_the_narrowest_dimension_first(target):
+    """`weights` keeps one head a layer on tight budgets (a head weighs 64 FFN neurons); measured on SST-2 that
+    loses 3.6 dev points at equal speed. `balanced` keeps the largest smallest fraction of layers, heads and
+    neurons, and nothing that meets the target keeps a larger one."""
+    t, layers = synthetic_table(), [1, 2, 3, 4, 5, 6]
+    weights, balanced = search_shape(t, target, layers, objective="weights"), search_shape(t, target, layers)
+    assert weights.heads == 1 and balanced.heads >= 5
+    assert t.dense_fp32_ms / t.predict_ms(balanced.layers, balanced.heads, balanced.ffn) >= target
+    smallest = min(balanced.layers / 6, balanced.heads / 12, balanced.ffn / 1536)
+    for n in layers:
+        for heads in range(1, 13):
+            for ffn in range(32, 1537, 32):
+                if t.dense_fp32_ms / t.predict_ms(n, heads, ffn) >= target:
+                    assert min(n / 6, heads / 12, ffn / 1536) <= smallest + 1e-9
+    assert search_shape(t, 2.0, layers) == search_shape(t, 2.0, layers, objective="weights")  # loose: the same
+
+
+def test_the_balanced_objective_counts_a_narrower_hidden_size_as_a_fraction_kept():
+    from pipeline.compress.shapes import balance, search_widths
+
+    wide, narrow = _widths()
+    for target in (2.5, 8.0, 20.0):
+        shape, table = search_widths([wide, narrow], target, [1, 2, 3, 4, 5, 6])
+        assert table.dense_fp32_ms / table.predict_ms(shape.layers, shape.heads, shape.ffn) >= target
+        best = [search_shape(t, target, [1, 2, 3, 4, 5, 6], widest=384) for t in (wide, narrow)]
+        assert balance(shape, table, 384) == max(balance(b, t, 384) for b, t in zip(best, (wide, narrow), strict=True))
+        assert balance(shape, table, 384) <= table.teacher["hidden"] / 384
+
+
+def test_the_plan_is_balanced_by_default():
+    assert build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=8"]).target.objective == "balanced"
+    weights = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=8", "target.objective=weights"])
+    assert weights.target.objective == "weights"
+    with pytest.raises(PipelineError, match="objective"):
+        build_deploy_config("distill+smp", "sst2", overrides=["target.objective=speed"])
+
+
 def test_a_head_floor_keeps_heads_and_still_meets_the_target():
     t = synthetic_table()
-    free = search_shape(t, 6.0, [3])
-    floored = search_shape(t, 6.0, [3], min_heads=free.heads + 2)
+    free = search_shape(t, 6.0, [3], objective="weights")
+    floored = search_shape(t, 6.0, [3], min_heads=free.heads + 2, objective="weights")
     assert floored.heads == free.heads + 2 and floored.ffn < free.ffn
     assert t.dense_fp32_ms / t.predict_ms(3, floored.heads, floored.ffn) >= 6.0
     assert search_shape(t, 1.5, [3], min_heads=99).heads == t.teacher["heads"]  # capped at the teacher's
@@ -123,7 +161,8 @@ def test_a_target_needs_a_chain_ending_in_a_pruner(method):
 @pytest.mark.parametrize("target", [2.0, 4.0, 6.0])
 def test_headroom_plans_above_the_target(target):
     t = synthetic_table()
-    exact, aimed = search_shape(t, target, [1, 2, 3, 4, 5, 6]), search_shape(t, target, [1, 2, 3, 4, 5, 6], 0.05)
+    exact = search_shape(t, target, [1, 2, 3, 4, 5, 6], objective="weights")
+    aimed = search_shape(t, target, [1, 2, 3, 4, 5, 6], 0.05, objective="weights")
     assert aimed.predicted_speedup >= target * 1.05 and aimed.params <= exact.params
 
 
@@ -285,7 +324,8 @@ def test_a_student_folder_is_planned_on_its_own_shape_against_the_dense_teacher(
     assert layer_options(cfg, 1) == [1]
     dense = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))  # the teacher's own table: another entry
     assert dense.teacher["hidden"] == 32
-    reachable = table.dense_fp32_ms / table.predict_ms(1, 1, 32)
+    # the fastest shape on the plane fitted to a tiny model's noisy probes (a slope can come out negative under load)
+    reachable = max(table.dense_fp32_ms / table.predict_ms(1, h, 32) for h in (1, 2))
     if reachable < 1.02:  # the tiny teacher is too cheap for its narrow student to be faster: out of reach
         with pytest.raises(PipelineError, match="predicted at"):
             plan_target(cfg, teacher, str(tmp_path))
@@ -323,9 +363,12 @@ def test_the_search_takes_a_narrower_hidden_size_where_it_keeps_more_weights():
         "distill+smp", "sst2", overrides=["target.speedup=8", "config.distill.relation_heads=32"]
     )
     for target in (2.5, 8.0, 20.0):
-        shape, table = search_widths([wide, narrow], target, [1, 2, 3, 4, 5, 6])
+        shape, table = search_widths([wide, narrow], target, [1, 2, 3, 4, 5, 6], objective="weights")
         assert table.dense_fp32_ms / table.predict_ms(shape.layers, shape.heads, shape.ffn) >= target
-        best = {t.teacher["hidden"]: search_shape(t, target, [1, 2, 3, 4, 5, 6]) for t in (wide, narrow)}
+        best = {
+            t.teacher["hidden"]: search_shape(t, target, [1, 2, 3, 4, 5, 6], objective="weights")
+            for t in (wide, narrow)
+        }
         assert shape == max(best.values(), key=lambda b: b.params) and shape.hidden == table.teacher["hidden"]
         narrower = shape.hidden if shape.hidden != 384 else None
         planned = apply_shape(cfg, shape, table.teacher, narrower)
@@ -335,8 +378,9 @@ def test_the_search_takes_a_narrower_hidden_size_where_it_keeps_more_weights():
             assert student["layers"] == shape.layers and student.get("hidden") == narrower
         if "smp" in planned.config:
             assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
-    assert search_widths([wide, narrow], 20.0, [1, 2, 3, 4, 5, 6])[0].hidden == 256  # a tight target: narrower
-    assert search_widths([wide, narrow], 2.5, [1, 2, 3, 4, 5, 6])[0].hidden == 384  # a loose one: the teacher's
+    for objective in ("weights", "balanced"):
+        assert search_widths([wide, narrow], 20.0, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 256  # tight
+        assert search_widths([wide, narrow], 2.5, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 384  # loose
     full = apply_shape(cfg, search_shape(narrow, 1.2, [6]), narrow.teacher, 256)  # every layer, but narrower
     assert full.method.startswith("distill") and full.config["distill"]["student"]["hidden"] == 256
 

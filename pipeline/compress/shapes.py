@@ -7,7 +7,8 @@ encoder layers, and the dense fp32 teacher's latency, all at one batch x sequenc
 units), where `layer(h, f) = a + b*h + c*f` is fitted by least squares to the grid's one-layer times less the fixed
 cost: a layer's matmuls grow linearly in heads and in FFN neurons, and one plane through 36 probes is not thrown by
 the one probe that a busy moment slowed (reading single cells was: it planned the flagship at 10.56x, measured
-5.39x). The search keeps the shape that meets the target with the most weights kept.
+5.39x). Of the shapes that meet the target the search keeps the most balanced one (`rank`): keeping the most
+weights instead drops heads to one a layer on tight budgets, which cost 3.6 points on SST-2 at 8x (docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -83,39 +84,70 @@ def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
     return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
 
 
+def balance(shape: Shape, table: LatencyTable, widest: int) -> float:
+    """The smallest fraction the shape keeps of the teacher's layers, heads, FFN neurons and hidden size (`widest`:
+    the teacher's): the bottleneck the `balanced` objective widens first."""
+    t = table.teacher
+    fractions = (shape.layers / t["layers"], shape.heads / t["heads"], shape.ffn / t["ffn"], t["hidden"] / widest)
+    return round(min(fractions), 6)  # rounded: equal fractions of different units compare equal
+
+
+def rank(shape: Shape, table: LatencyTable, widest: int, objective: str) -> tuple:
+    """The search's order (larger is better): `weights` keeps the most encoder weights (more layers, then the
+    wider, on a tie); `balanced` keeps the largest smallest fraction (`balance`), then the most layers, then the
+    most weights."""
+    if objective == "balanced":
+        return balance(shape, table, widest), shape.layers, shape.params
+    return shape.params, shape.hidden, shape.layers
+
+
 def search_widths(
-    tables: list[LatencyTable], target: float, layer_options: list[int], headroom: float = 0.0, min_heads: int = 1
+    tables: list[LatencyTable],
+    target: float,
+    layer_options: list[int],
+    headroom: float = 0.0,
+    min_heads: int = 1,
+    objective: str = "balanced",
 ) -> tuple[Shape, LatencyTable]:
-    """`search_shape` on the table of each hidden size; the shape that keeps the most encoder weights (the wider
-    on a tie), with its table.
+    """`search_shape` on the table of each hidden size; the best shape by `objective` (`rank`), with its table.
 
     Raises:
         PipelineError: no table has a shape that meets the target (the error of the narrowest table's search).
     """
     found: list[tuple[Shape, LatencyTable]] = []
     error: PipelineError | None = None
+    widest = max(t.teacher["hidden"] for t in tables) if tables else 0
     for table in sorted(tables, key=lambda t: -t.teacher["hidden"]):
         try:
-            found.append((search_shape(table, target, layer_options, headroom, min_heads), table))
+            shape = search_shape(table, target, layer_options, headroom, min_heads, objective, widest)
+            found.append((shape, table))
         except PipelineError as e:
             error = e
     if not found:
         raise error or PipelineError("no latency table to plan on")
-    return max(found, key=lambda st: (st[0].params, st[0].hidden, st[0].layers))
+    return max(found, key=lambda st: rank(st[0], st[1], widest, objective))
 
 
 def search_shape(
-    table: LatencyTable, target: float, layer_options: list[int], headroom: float = 0.0, min_heads: int = 1
+    table: LatencyTable,
+    target: float,
+    layer_options: list[int],
+    headroom: float = 0.0,
+    min_heads: int = 1,
+    objective: str = "balanced",
+    widest: int | None = None,
 ) -> Shape:
     """The shape (L layers of h heads and f FFN neurons each) whose predicted speedup over the dense fp32 teacher
-    is at least `target` × (1 + `headroom`), keeping the most encoder weights (more layers win a tie), with at
-    least `min_heads` heads a layer.
+    is at least `target` × (1 + `headroom`), with at least `min_heads` heads a layer, best by `objective`
+    (`rank`; `widest`: the teacher's hidden size when this table is narrower).
 
     Raises:
         PipelineError: no shape with at least `min_heads` heads and one FFN step per layer meets the target.
     """
     budget = table.dense_fp32_ms / (target * (1 + headroom))
+    widest = widest or table.teacher["hidden"]
     best: Shape | None = None
+    best_rank: tuple = ()
     min_heads = min(min_heads, table.teacher["heads"])
     for layers in sorted(set(layer_options)):
         for heads in range(min_heads, table.teacher["heads"] + 1):
@@ -124,9 +156,10 @@ def search_shape(
                 if ms > budget:
                     break  # wider FFNs only cost more
                 params = kept_weights(table, layers, heads, ffn)
-                if best is None or (params, layers) > (best.params, best.layers):
-                    speedup = round(table.dense_fp32_ms / ms, 3)
-                    best = Shape(layers, heads, ffn, round(ms, 4), speedup, params, table.teacher["hidden"])
+                shape = Shape(layers, heads, ffn, round(ms, 4), round(table.dense_fp32_ms / ms, 3), params,
+                              table.teacher["hidden"])  # fmt: skip
+                if best is None or rank(shape, table, widest, objective) > best_rank:
+                    best, best_rank = shape, rank(shape, table, widest, objective)
     if best is None:
         fastest = table.predict_ms(min(layer_options), min_heads, FFN_STEP)
         raise PipelineError(

@@ -348,8 +348,12 @@ class TargetConfig(FrozenModel):
             about what FFN neurons' do, so on a tight budget it keeps one head a layer: a 12 x 768 MPNet planned at
             10x as 6 layers of 1 head lost 5.8 points more on SST-2's full sentences (dev) than on the phrases it
             was validated on, against 2.6 for the 6-layer student before pruning; the MiniLM teacher's 8x plan, 2
-            layers of 1 head and 1,152 neurons, lost 3.4 dev points more than 2 of 4 heads and 768 at equal speed.
+            layers of 1 head and 1,152 neurons, lost 3.6 dev points more than 2 of 4 heads and 768 at equal speed.
             A floor alone can make the search drop a layer instead (3 heads: 1 layer of 12, 2.4 points worse).
+        objective: which of the shapes that meet the target the search keeps: `balanced` the one with the largest
+            smallest fraction kept of the teacher's layers, heads, FFN neurons and hidden size (then the deepest, then
+            the most weights); `weights` the most encoder weights (the first search: one head a layer on tight
+            budgets, 3.6 dev points worse at 8x on SST-2, docs/decisions.md).
         hidden: narrower hidden sizes the search may choose besides the teacher's (multiples of its head size),
             for a chain that cuts its student from the teacher (distill first): a latency table is measured at
             each, and the student is cut at the chosen one (`config.student.hidden`). None: the teacher's only.
@@ -366,6 +370,7 @@ class TargetConfig(FrozenModel):
     headroom: float = Field(0.05, ge=0, le=0.5)
     layers: tuple[Depth, ...] | None = Field(None, min_length=1)
     min_heads: int = Field(1, ge=1)
+    objective: Literal["balanced", "weights"] = "balanced"
     hidden: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
     heads_grid: tuple[Fraction, ...] = Field((1 / 12, 1 / 6, 1 / 3, 1 / 2, 2 / 3, 1.0), min_length=1)
     ffn_grid: tuple[Fraction, ...] = Field((1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0), min_length=1)

@@ -245,7 +245,7 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
         records.append(table_record(teacher_dir, target, config.bench, cache_dir, None, hidden))
     tables = [LatencyTable.from_dict(r) for r in records]
     options = layer_options(config, tables[0].teacher["layers"])
-    shape, table = search_widths(tables, target.speedup, options, target.headroom, target.min_heads)
+    shape, table = search_widths(tables, target.speedup, options, target.headroom, target.min_heads, target.objective)
     record = records[tables.index(table)]
     aim = target.speedup * (1 + target.headroom)
     planned = apply_shape(config, shape, table.teacher, shape.hidden if shape.hidden != own else None)
