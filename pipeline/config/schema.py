@@ -344,11 +344,12 @@ class TargetConfig(FrozenModel):
         headroom: the plan aims this fraction above the target (measured speed on this machine spreads about
             ±5% run to run; without it a shape planned at 4.09x measured 3.87x to 4.23x).
         layers: depths the search may choose when the chain starts with distill (None: 1 to the teacher's).
-        min_heads: heads every layer keeps at least. The search keeps the most weights, and a head's weights cost
-            about what FFN neurons' do, so on a tight budget it keeps one head a layer: a 12 x 768 MPNet planned at
-            10x as 6 layers of 1 head lost 5.8 points more on SST-2's full sentences (dev) than on the phrases it
-            was validated on, against 2.6 for the 6-layer student before pruning; the MiniLM teacher's 8x plan, 2
-            layers of 1 head and 1,152 neurons, lost 3.6 dev points more than 2 of 4 heads and 768 at equal speed.
+        min_heads: heads every layer keeps at least. Keeping the most weights (`objective: weights`), where a head's
+            weights cost about what FFN neurons' do, the search keeps one head a layer on a tight budget: a 12 x 768
+            MPNet planned at 10x as 6 layers of 1 head lost 5.8 points more on SST-2's full sentences (dev) than on
+            the phrases it was validated on, against 2.6 for the 6-layer student before pruning; the MiniLM
+            teacher's 8x plan, 2 layers of 1 head and 1,152 neurons, lost 3.6 dev points more than 2 of 4 heads and
+            768 at equal speed.
             A floor alone can make the search drop a layer instead (3 heads: 1 layer of 12, 2.4 points worse).
         objective: which of the shapes that meet the target the search keeps: `balanced` the one with the largest
             smallest fraction kept of the teacher's layers, heads, FFN neurons and hidden size (then the deepest, then
