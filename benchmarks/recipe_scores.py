@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.onnx import export_optimized
 from export.parity import onnx_logits
 from pipeline.cache import default_cache_dir
-from pipeline.compress.registry import CHAIN_SEP, model_max_length
+from pipeline.compress.registry import model_max_length
+from pipeline.config.recipes import stage_keys
 from pipeline.data.encoding import encode
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
@@ -57,12 +58,6 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
     if not sep or not name or not method:
         raise SystemExit(f"error: --variant {text!r} is not NAME=METHOD[:OVERRIDE,...]")
     return name, method, [o for o in overrides.split(",") if o]
-
-
-def device_overrides(method: str, device: str) -> list[str]:
-    """`device` for every training stage of `method` (a chain has one config section per method)."""
-    stages = method.split(CHAIN_SEP)
-    return [f"config.{m + '.' if len(stages) > 1 else ''}train.device={device}" for m in stages]
 
 
 def curves(report: object, metric: str, where: str = "") -> dict[str, list[tuple[int, float]]]:
@@ -138,7 +133,7 @@ def main() -> None:
 
     teacher_request = request("none", [])
     requests = {  # all checked first, the device among them
-        name: request(method, [*overrides, *device_overrides(method, args.device)])
+        name: request(method, [*overrides, *(f"{k}={args.device}" for k in stage_keys(method, "train.device"))])
         for name, method, overrides in args.variant
     }
     if len(requests) < len(args.variant):

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from pipeline.compress.registry import get_method, method_config, methods
+from pipeline.compress.registry import chain_configs, get_method, method_config, methods
 from pipeline.config.recipes import (
     RECIPES_DIR,
     TEACHERS_DIR,
@@ -12,6 +12,7 @@ from pipeline.config.recipes import (
     default_recipe_path,
     load_recipe,
     read_yaml_mapping,
+    stage_keys,
 )
 from pipeline.config.schema import DeployConfig, TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
@@ -304,3 +305,11 @@ def test_the_data_stage_measures_and_warns_of_a_validation_split_inside_train(tm
     assert phrases["validation_split"]["inside_train"] > 0.2 and "data.validation_unit=sentence" in caplog.text
     held_out = DataRef(get_task("sst2"), "tsv", str(tmp_path), validation=(30, 0.25, 0, "sentence"))
     assert "inside_train" not in data_stage(held_out)["validation_split"]
+
+
+@pytest.mark.parametrize("method", ["smp", "distill+smp"])
+def test_stage_keys_address_every_method_of_a_chain(method):
+    cfg = build_deploy_config(method, "sst2", overrides=[f"{k}=cpu" for k in stage_keys(method, "train.device")])
+    stages = chain_configs(cfg)
+    assert [m.name for m, _ in stages] == method.split("+")
+    assert all(stage.train.device == "cpu" for _, stage in stages)

@@ -147,7 +147,7 @@ def search_shape(
     budget = table.dense_fp32_ms / (target * (1 + headroom))
     widest = widest or table.teacher["hidden"]
     best: Shape | None = None
-    best_rank: tuple = ()
+    best_rank: tuple = ()  # below every shape's rank
     min_heads = min(min_heads, table.teacher["heads"])
     for layers in sorted(set(layer_options)):
         for heads in range(min_heads, table.teacher["heads"] + 1):
@@ -158,8 +158,8 @@ def search_shape(
                 params = kept_weights(table, layers, heads, ffn)
                 shape = Shape(layers, heads, ffn, round(ms, 4), round(table.dense_fp32_ms / ms, 3), params,
                               table.teacher["hidden"])  # fmt: skip
-                if best is None or rank(shape, table, widest, objective) > best_rank:
-                    best, best_rank = shape, rank(shape, table, widest, objective)
+                if (order := rank(shape, table, widest, objective)) > best_rank:
+                    best, best_rank = shape, order
     if best is None:
         fastest = table.predict_ms(min(layer_options), min_heads, FFN_STEP)
         raise PipelineError(

@@ -124,6 +124,13 @@ def shortcut_overrides(overrides: list[str] | None, shortcuts: dict[str, Any]) -
 CHAIN_SEP = "+"
 
 
+def stage_keys(method: str, key: str) -> list[str]:
+    """The `--set` key of `key` under each method's config of `method`: `config.<key>` for one method,
+    `config.<m>.<key>` for each method m of a chain (a chain has one config section per method)."""
+    names = method.split(CHAIN_SEP)
+    return [f"config.{key}"] if len(names) == 1 else [f"config.{m}.{key}" for m in names]
+
+
 def lay_kind_settings(data: dict[str, Any], kind: str, method: str, trained: tuple[str, ...]) -> None:
     """Lay `recipes/kinds/<kind>.yaml` under the recipe `data`, in place: the recipe's own values win. Its `train`
     section goes under each trained method's (`config.train` of a single method, `config.<m>.train` of a chain)."""
