@@ -176,11 +176,13 @@ def _request(
     method, task, *, set_, teacher_steps, steps, max_train, max_dev, bench_runs, target_speedup, output, **kw
 ):
     """The checked DeployRequest for `deploy`'s options (shortcut options become recipe overrides)."""
-    from pipeline.config.recipes import shortcut_overrides
+    from pipeline.config.recipes import shortcut_overrides, stage_keys
     from pipeline.request import prepare_request
 
+    # `--steps` is every trained stage's budget: a chain has one train section per method
+    method_steps = dict.fromkeys(stage_keys(method, "train.max_steps"), steps)
     overrides = shortcut_overrides(set_, {
-        "teacher.max_steps": teacher_steps, "config.train.max_steps": steps, "data.max_train": max_train,
+        "teacher.max_steps": teacher_steps, **method_steps, "data.max_train": max_train,
         "data.max_dev": max_dev, "bench.max_runs": bench_runs, "target.speedup": target_speedup,
     })  # fmt: skip
     return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)

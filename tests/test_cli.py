@@ -119,6 +119,16 @@ def test_bad_arguments(args, needle):
     assert not Path("out").exists()
 
 
+@pytest.mark.parametrize("method", ["smp", "distill+smp"])
+def test_steps_is_every_trained_stage_budget(method, tmp_path):
+    from pipeline.cli import _request
+
+    shortcuts = dict.fromkeys(["set_", "teacher_steps", "max_train", "max_dev", "bench_runs", "target_speedup"])
+    request = _request(method, "sst2", steps=7, output=str(tmp_path / "out"), cache_dir=str(tmp_path), **shortcuts)
+    names = method.split("+")  # the request's config holds one section per method of the chain
+    assert [request.config.config[name]["train"]["max_steps"] for name in names] == [7] * len(names)
+
+
 @pytest.mark.parametrize("how", ["config", "weights"])
 def test_corrupt_model_folder(base_dirs, tmp_path, how):
     bad = _corrupt_copy(base_dirs["bert"], tmp_path / "bad", how)
