@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from pipeline.cache import default_cache_dir
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.registry import chain_configs, parse_chain
-from pipeline.compress.shapes import check_hidden_options, check_target_chain
+from pipeline.compress.shapes import check_depth_options, check_hidden_options, check_target_chain
 from pipeline.config.recipes import (
     apply_override,
     load_recipe,
@@ -182,6 +182,7 @@ def prepare_request(
     check_devices(devices)
     check_lengths(config, chain, model_cfg)
     check_hidden_options(config, model_cfg)
+    check_depth_options(config, model_cfg)
     if sign_key is not None:
         sign_key = checked_signing_key(sign_key)
     request = DeployRequest(

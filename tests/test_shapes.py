@@ -134,6 +134,20 @@ def test_an_unreachable_target_is_one_line():
         search_shape(synthetic_table(), 500.0, [1, 2])
 
 
+def test_token_tasks_keep_two_thirds_of_the_teachers_depth(tmp_path):
+    from pipeline.request import prepare_request
+
+    sentences = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=4"])
+    tokens = build_deploy_config("distill+smp", "conll2003", overrides=["target.speedup=4"])
+    assert sentences.target.min_depth == 0 and layer_options(sentences, 6)[0] == 1
+    assert layer_options(tokens, 6) == [4, 5, 6] and layer_options(tokens, 12)[0] == 8
+    shallow = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=4", "target.min_depth=0.5"])
+    assert layer_options(shallow, 6) == [3, 4, 5, 6] and layer_options(shallow, 3) == [2, 3]
+    with pytest.raises(PipelineError, match=r"target.layers \[2, 3\] holds no depth from 4 .* 6 layers"):
+        prepare_request("distill+smp", "conll2003", output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path),
+                        overrides=["target.speedup=4", "target.layers=[2,3]"])  # fmt: skip
+
+
 def test_the_plan_sets_the_student_depth_and_the_pruned_shape():
     cfg = build_deploy_config("distill+smp", "sst2", overrides=["target.speedup=4"])
     assert layer_options(cfg, 6) == [1, 2, 3, 4, 5, 6]

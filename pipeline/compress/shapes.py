@@ -13,6 +13,7 @@ weights instead drops heads to one a layer on tight budgets, which cost 3.6 poin
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -179,11 +180,32 @@ def student_folder(config: DeployConfig) -> str | None:
 
 
 def layer_options(config: DeployConfig, layers: int) -> list[int]:
-    """Depths the search may pick: up to `layers` (the teacher's) when the chain starts by cutting a student from
-    the teacher (distill), else `layers` (the teacher's, or a student folder's own)."""
+    """Depths the search may pick: from `target.min_depth` of `layers` (the teacher's) up to all of them when the
+    chain starts by cutting a student from the teacher (distill), else `layers` (the teacher's, or a student
+    folder's own).
+
+    Raises:
+        PipelineError: `target.layers` holds no depth that deep.
+    """
     if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
         return [layers]
-    return [n for n in (config.target.layers or range(1, layers + 1)) if 1 <= n <= layers]
+    least = max(1, math.ceil(config.target.min_depth * layers - 1e-9))
+    options = [n for n in (config.target.layers or range(1, layers + 1)) if least <= n <= layers]
+    if not options:
+        raise PipelineError(
+            f"target.layers {list(config.target.layers or [])} holds no depth from {least} (target.min_depth "
+            f"{config.target.min_depth:g} of the teacher's {layers} layers) to {layers}"
+        )
+    return options
+
+
+def check_depth_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
+    """A speed target's depths (`target.layers`, `target.min_depth`) leave the search at least one, checked before
+    the teacher trains (`teacher`: its `config.json`)."""
+    from pipeline.models.families import arch_of
+
+    if config.target.speedup is not None:
+        layer_options(config, arch_of(teacher).layers)
 
 
 def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:

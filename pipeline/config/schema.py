@@ -344,6 +344,10 @@ class TargetConfig(FrozenModel):
         headroom: the plan aims this fraction above the target (measured speed on this machine spreads about
             ±5% run to run; without it a shape planned at 4.09x measured 3.87x to 4.23x).
         layers: depths the search may choose when the chain starts with distill (None: 1 to the teacher's).
+        min_depth: the smallest fraction of the teacher's layers such a student keeps (the search's depths start at
+            ceil(min_depth x layers)). 0 for sentence tasks; the token-classification kind sets 0.66 (4 of 6): on
+            CoNLL-2003 the MiniLM teacher's 3-layer students lost 3.2 to 3.4 F1 before any pruning where 4-layer
+            ones gained 0.4 to 0.5 (docs/results.md).
         min_heads: heads every layer keeps at least. Keeping the most weights (`objective: weights`), where a head's
             weights cost about what FFN neurons' do, the search keeps one head a layer on a tight budget: a 12 x 768
             MPNet planned at 10x as 6 layers of 1 head lost 5.8 points more on SST-2's full sentences (dev) than on
@@ -370,6 +374,7 @@ class TargetConfig(FrozenModel):
     seq: int = Field(128, ge=8)
     headroom: float = Field(0.05, ge=0, le=0.5)
     layers: tuple[Depth, ...] | None = Field(None, min_length=1)
+    min_depth: float = Field(0.0, ge=0, le=1)
     min_heads: int = Field(1, ge=1)
     objective: Literal["balanced", "weights"] = "balanced"
     hidden: tuple[Annotated[int, Field(ge=1)], ...] | None = Field(None, min_length=1)
