@@ -189,11 +189,11 @@ def layer_options(config: DeployConfig, layers: int) -> list[int]:
     """
     if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
         return [layers]
-    least = max(1, math.ceil(config.target.min_depth * layers - 1e-9))
+    least = max(1, math.ceil(config.target.min_depth * layers - 1e-9))  # 0.28 x 25 is 7.000000000000001
     options = [n for n in (config.target.layers or range(1, layers + 1)) if least <= n <= layers]
-    if not options:
+    if not options:  # only a given target.layers can miss: least <= layers always
         raise PipelineError(
-            f"target.layers {list(config.target.layers or [])} holds no depth from {least} (target.min_depth "
+            f"target.layers {list(config.target.layers)} holds no depth from {least} (target.min_depth "
             f"{config.target.min_depth:g} of the teacher's {layers} layers) to {layers}"
         )
     return options
