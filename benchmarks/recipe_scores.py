@@ -12,13 +12,15 @@ Usage:
     python benchmarks/recipe_scores.py --teacher DIR --task squad --data-dir ../shared/data/squad \
         --variant smp-r2000=smp:config.recover_steps=2000 \
         --variant distill4=distill:config.student.layers=4,config.train.max_steps=3000 \
+        --variant long5=distill+smp@long:config.distill.student.layers=5 \
         [--set data.validation_unit=sentence ...] [--device cuda] [--budget-s 600] [--cache-dir DIR] [--work DIR] \
         [--json out.jsonl]
 
-A variant is NAME=METHOD[:OVERRIDE,OVERRIDE...] (overrides as `--set` takes them, on the task's default recipe
-for METHOD). Every model is scored on the same splits, the task's data as its default recipe reads it with the
-`--set` overrides (they apply to the teacher's request and every variant alike: the validation split the teacher
-was fine-tuned against); a variant's own `data.*` overrides change what it trains on, not what it is scored on.
+A variant is NAME=METHOD[@RECIPE][:OVERRIDE,OVERRIDE...]: the recipe as `--recipe` names it (default: the task's
+default recipe for METHOD), overrides as `--set` takes them. Every model is scored on the same splits, the task's
+data as its default recipe reads it with the `--set` overrides (they apply to the teacher's request and every
+variant alike: the validation split the teacher was fine-tuned against); a variant's own `data.*` overrides change
+what it trains on, not what it is scored on.
 The teacher is scored first. `--budget-s` starts no variant after that many seconds (each one that did not start
 is listed as skipped); results are appended to `--json` as each variant finishes, with the validation curve of
 every training phase where `eval_every` is set (e.g. `config.train.eval_every=250`: how many steps a recipe needs).
@@ -52,12 +54,14 @@ from pipeline.train.metrics import predict_logits, scores
 from serving.artifact import GRAPHS
 
 
-def parse_variant(text: str) -> tuple[str, str, list[str]]:
+def parse_variant(text: str) -> tuple[str, str, str | None, list[str]]:
+    """NAME=METHOD[@RECIPE][:OVERRIDE,...] as (name, method, recipe or None, overrides)."""
     name, sep, rest = text.partition("=")
-    method, _, overrides = rest.partition(":")
-    if not sep or not name or not method:
-        raise SystemExit(f"error: --variant {text!r} is not NAME=METHOD[:OVERRIDE,...]")
-    return name, method, [o for o in overrides.split(",") if o]
+    spec, _, overrides = rest.partition(":")
+    method, at, recipe = spec.partition("@")
+    if not sep or not name or not method or (at and not recipe):
+        raise SystemExit(f"error: --variant {text!r} is not NAME=METHOD[@RECIPE][:OVERRIDE,...]")
+    return name, method, recipe or None, [o for o in overrides.split(",") if o]
 
 
 def curves(report: object, metric: str, where: str = "") -> dict[str, list[tuple[int, float]]]:
@@ -120,9 +124,9 @@ def main() -> None:
     logging.getLogger("pipeline").setLevel(logging.INFO)
     start = time.perf_counter()
 
-    def request(method: str, overrides: list[str]):  # the teacher is given, so only the variants train
+    def request(method: str, overrides: list[str], recipe: str | None = None):  # only the variants train
         return prepare_request(method, args.task, teacher=args.teacher, data_dir=args.data_dir,
-                               cache_dir=args.cache_dir, output_dir=tempfile.gettempdir(),
+                               cache_dir=args.cache_dir, output_dir=tempfile.gettempdir(), recipe=recipe,
                                overrides=[*args.common, *overrides])  # fmt: skip
 
     def emit(row: dict) -> None:
@@ -133,8 +137,10 @@ def main() -> None:
 
     teacher_request = request("none", [])
     requests = {  # all checked first, the device among them
-        name: request(method, [*overrides, *(f"{k}={args.device}" for k in stage_keys(method, "train.device"))])
-        for name, method, overrides in args.variant
+        name: request(
+            method, [*overrides, *(f"{k}={args.device}" for k in stage_keys(method, "train.device"))], recipe
+        )
+        for name, method, recipe, overrides in args.variant
     }
     if len(requests) < len(args.variant):
         raise PipelineError("two --variant options share a name")
@@ -150,7 +156,7 @@ def main() -> None:
           "seconds": round(time.perf_counter() - t, 1)})  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
-        for name, method, overrides in args.variant:
+        for name, method, recipe, overrides in args.variant:
             if time.perf_counter() - start > args.budget_s:
                 emit({"name": name, "skipped": f"past --budget-s {args.budget_s:g}"})
                 continue
@@ -166,7 +172,8 @@ def main() -> None:
                 "layer_heads": report["heads"],
                 "intermediate_sizes": report["ffn_widths"],
             }  # what compaction left, as config.json records it
-            emit({"name": name, "method": method, "overrides": overrides, "compress_seconds": trained,
+            emit({"name": name, "method": method, "recipe": recipe, "overrides": overrides,
+                  "compress_seconds": trained,
                   "shape": shape, "params": report.get("params"),
                   **score(folder, data, length, device, work / name / "onnx"),
                   "curves": curves(result, data.task.metric),  # the last stage's report, as the cache holds it

@@ -356,13 +356,14 @@ def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_
     common = ["--teacher", str(classifier_dirs["bert"]), "--task", "sst2", "--cache-dir", str(tmp_path / "cache")]
     variants = ["--variant", "s=smp:config.train.max_steps=4,config.recover_steps=2,data.max_train=64,"
                 "config.train.eval_every=2",
-                "--variant", "d=distill:config.student.layers=1,config.transfer_steps=2,config.relation_heads=4,"
-                "config.train.max_steps=2"]  # fmt: skip
+                "--variant", "d=distill@default:config.student.layers=1,config.transfer_steps=2,"
+                "config.relation_heads=4,config.train.max_steps=2"]  # fmt: skip
     out = tmp_path / "rows.jsonl"
     done = subprocess.run([*script, *common, *variants, "--json", str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["name"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert list(rows) == ["teacher", "s", "d"]
+    assert (rows["s"]["recipe"], rows["d"]["recipe"]) == (None, "default")  # the task's default; one named
     assert rows["d"]["shape"]["num_hidden_layers"] == 1 and rows["s"]["shape"]["num_hidden_layers"] == 2
     steps = {name: [[step for step, _ in points] for points in rows[name]["curves"].values()] for name in "sd"}
     assert steps == {"s": [[2, 4], [2]], "d": [[2]]}  # masks at eval_every and at the end; recovery; distill
@@ -373,3 +374,5 @@ def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error: ")]
     assert bad.returncode == 2 and errors == ["error: invalid smp config: bogus: Extra inputs are not permitted"]
     assert "teacher" not in bad.stdout  # refused before the teacher was scored
+    bad = subprocess.run([*script, *common, "--variant", "x=smp@nosuch"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == "error: recipe not found: nosuch"

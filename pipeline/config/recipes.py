@@ -124,25 +124,31 @@ def shortcut_overrides(overrides: list[str] | None, shortcuts: dict[str, Any]) -
 CHAIN_SEP = "+"
 
 
+def stage_path(method: str, name: str) -> tuple[str, ...]:
+    """Where method `name`'s settings sit under a recipe's `config` for `method`: `config` itself for one method,
+    `config.<name>` for a method of a chain (a chain has one config section per method)."""
+    return (name,) if CHAIN_SEP in method else ()
+
+
 def stage_keys(method: str, key: str) -> list[str]:
-    """The `--set` key of `key` under each method's config of `method`: `config.<key>` for one method,
-    `config.<m>.<key>` for each method m of a chain (a chain has one config section per method)."""
-    names = method.split(CHAIN_SEP)
-    return [f"config.{key}"] if len(names) == 1 else [f"config.{m}.{key}" for m in names]
+    """The `--set` key of `key` in each method's settings of `method` (`config.<key>`, or `config.<m>.<key>` per
+    method m of a chain)."""
+    return [".".join(("config", *stage_path(method, name), key)) for name in method.split(CHAIN_SEP)]
 
 
 def lay_kind_settings(data: dict[str, Any], kind: str, method: str, trained: tuple[str, ...]) -> None:
     """Lay `recipes/kinds/<kind>.yaml` under the recipe `data`, in place: the recipe's own values win. Its `train`
-    section goes under each trained method's (`config.train` of a single method, `config.<m>.train` of a chain)."""
+    section goes under each trained method's settings (see `stage_path`)."""
     path = KINDS_DIR / f"{kind}.yaml"
     if not path.is_file():
         return
     settings = read_yaml_mapping(path, "kind settings")
     train = settings.pop("train", {})
     _lay_under(data, settings)
-    config = data.setdefault("config", {})
     for name in trained:
-        section = config if CHAIN_SEP not in method else config.setdefault(name, {})
+        section = data.setdefault("config", {})
+        for part in stage_path(method, name):
+            section = section.setdefault(part, {})
         _lay_under(section, {"train": train})
 
 
