@@ -12,11 +12,14 @@ from pipeline import checkpoints, interrupts
 from pipeline.compress.methods.distill.config import GeneralConfig, StudentShape
 from pipeline.compress.methods.distill.general_student import build_general_student
 from pipeline.compress.methods.distill.losses import DirectProjections, direct_loss
+from pipeline.config.recipes import RECIPES_DIR, read_recipe
+from pipeline.config.schema import parse
 from pipeline.data.corpus import read_corpus
 from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_base_model
 from pipeline.stages import general
+from pipeline.train.loop import num_steps
 from tests.helpers import FAMILY_KINDS, LOOSE_GATES, quick_args, run_cli, tiny_family_model
 
 SENTENCES = [
@@ -192,6 +195,18 @@ def test_a_killed_general_distillation_resumes_from_its_checkpoint(base_dirs, tm
         out = general.run(*args)
     assert "general distillation: resuming from the checkpoint at step 4" in caplog.text
     assert out["training"]["steps"] == 6 and len(out["training"]["history"]) == 6
+
+
+def test_a_step_budget_cut_short_by_epochs_says_so(base_dirs, tmp_path, caplog):
+    """`train.epochs` caps `train.max_steps` (32 paragraphs at batch 4, one pass: 8 steps, not 12), and the stage
+    warns in one line rather than report a shorter distillation as the longer one asked for."""
+    cfg = tiny_cfg(train={"max_steps": 12, "epochs": 1, "batch_size": 4, "lr": 1e-3})
+    with caplog.at_level("WARNING"):
+        out = general.run(str(base_dirs["bert"]), str(corpus_dir(tmp_path / "c")), cfg, str(tmp_path / "cache"))
+    assert out["training"]["steps"] == 8
+    assert "train.max_steps 12 is capped at 8 steps by train.epochs 1 (32 paragraphs at batch 4)" in caplog.text
+    long = parse(GeneralConfig, read_recipe(RECIPES_DIR / "general" / "long.yaml", "general"), "recipe")
+    assert num_steps(long.train, 152_559) == 8000  # the shipped corpus's paragraphs: the long recipe runs them all
 
 
 @pytest.mark.e2e

@@ -25,7 +25,7 @@ from pipeline.data.encoding import encode_corpus
 from pipeline.models.families import arch_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.layers import encoder_layers
-from pipeline.train.loop import resolve_device, train
+from pipeline.train.loop import num_steps, resolve_device, train
 from pipeline.train.losses import HiddenProjections
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,13 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
     shape = cfg.preflight(config)
     arch = arch_of(config)
     corpus = read_corpus(corpus_dir, cfg.corpus_lines)
+    steps = num_steps(cfg.train, len(corpus))
+    if steps < cfg.train.max_steps:  # a budget cut short in silence reads as a longer distillation than it was
+        log.warning(
+            "general distillation: train.max_steps %d is capped at %d steps by train.epochs %g (%d paragraphs at "
+            "batch %d); raise train.epochs to run them all",
+            cfg.train.max_steps, steps, cfg.train.epochs, len(corpus), cfg.train.batch_size,
+        )  # fmt: skip
     key = key_of(
         stage="general",
         v=GENERAL_VERSION,
