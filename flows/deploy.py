@@ -109,7 +109,7 @@ def prepare(request: DeployRequest, plain: bool = False) -> Run:
 
 
 def compress_args(request: DeployRequest, run: Run) -> tuple:
-    return run.config, run.teacher["path"], request.data, request.cache_dir, request.model
+    return run.config, run.teacher["path"], request.data, request.cache_dir, request.model, request.kd_teacher
 
 
 def compress(request: DeployRequest, run: Run) -> None:
@@ -200,6 +200,8 @@ def publish(request: DeployRequest, run: Run, staging: Path) -> str:
     """Write report and manifest and rename the staging folder into place: the last step, nothing after it fails."""
     report = report_of(request, run)
     inputs = {"model": request.model, "teacher": run.teacher["path"], "data": run.data}
+    if request.kd_teacher:
+        inputs["kd_teacher"] = request.kd_teacher
     if not run.plain:
         report_to_prefect({**report, "artifact": published_name(staging)})
     config = run.config.model_dump(mode="json")

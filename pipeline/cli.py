@@ -115,6 +115,13 @@ def deploy(
         str | None,
         typer.Option(help="An already fine-tuned classifier folder to compress (skips teacher fine-tuning)."),
     ] = None,
+    kd_teacher: Annotated[
+        str | None,
+        typer.Option(
+            help="A stronger classifier fine-tuned on the same task (any family): output KD distils its logits "
+            "instead of the teacher's; the teacher stays what is compressed and the speed baseline."
+        ),
+    ] = None,
     data_dir: Annotated[
         str | None,
         typer.Option(

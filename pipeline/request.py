@@ -95,6 +95,27 @@ def checked_signing_key(path: str) -> str:
     return str(Path(path).resolve())
 
 
+def checked_kd_teacher(folder: str, spec: TaskSpec, chain: list) -> str:
+    """`--kd-teacher`'s absolute path, refused now (one line) unless it is a sentence classifier with the task's
+    labels in the task's order, and some stage of the chain distils outputs."""
+    cfg = check_model_dir(folder)
+    if spec.kind != SEQUENCE:
+        raise PipelineError(f"--kd-teacher distils sentence labels; task {spec.name} is {spec.kind}")
+    if head_kind(cfg) != SEQUENCE:
+        raise PipelineError(
+            f"--kd-teacher {folder} is not a fine-tuned {SEQUENCE} model (architectures: {cfg.get('architectures')})"
+        )
+    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.get("id2label") or {}).items())]
+    names = names or [f"LABEL_{i}" for i in range(cfg.get("num_labels", 2))]  # config.json leaves defaults out
+    generic = names == [f"LABEL_{i}" for i in range(len(names))]  # unnamed: the order is the user's word
+    named_alike = [n.lower() for n in names] == [str(n).lower() for n in spec.labels]
+    if len(names) != len(spec.labels) or not (generic or named_alike):
+        raise PipelineError(f"--kd-teacher {folder} has labels {names}; task {spec.name} has {list(spec.labels)}")
+    if not any(m_cfg.train.kd_alpha > 0 for _, m_cfg in chain):
+        raise PipelineError("--kd-teacher: no stage of this chain distils outputs (every train.kd_alpha is 0)")
+    return str(Path(folder).resolve())
+
+
 class DeployRequest(BaseModel):
     """Inputs of one deploy run (the Prefect flow's parameter)."""
 
@@ -103,6 +124,7 @@ class DeployRequest(BaseModel):
     config: DeployConfig
     model: str
     teacher: str | None = None
+    kd_teacher: str | None = None  # a stronger classifier of the task: output KD distils its logits
     data_dir: str | None = None
     output_dir: str = "artifacts"
     cache_dir: str
@@ -138,6 +160,7 @@ def prepare_request(
     task_file: str | None = None,
     model: str | None = None,
     teacher: str | None = None,
+    kd_teacher: str | None = None,
     data_dir: str | None = None,
     hub: bool = False,
     output_dir: str = "artifacts",
@@ -180,6 +203,8 @@ def prepare_request(
         method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
+    if kd_teacher is not None:
+        kd_teacher = checked_kd_teacher(kd_teacher, spec, chain)
     check_lengths(config, chain, model_cfg)
     check_hidden_options(config, model_cfg)
     check_depth_options(config, model_cfg)
@@ -189,6 +214,7 @@ def prepare_request(
         config=config,
         model=model_dir,
         teacher=teacher,
+        kd_teacher=kd_teacher,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(cache.resolve()),

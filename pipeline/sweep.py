@@ -59,6 +59,7 @@ class SweepSpec(FrozenModel):
     hub: bool = False
     model: str | None = None
     teacher: str | None = None
+    kd_teacher: str | None = None
     set: dict[str, Any] = Field(default_factory=dict)
     runs: list[SweepRun] = Field(default_factory=list)
     grid: SweepGrid | None = None
@@ -138,6 +139,7 @@ def load_sweep(
                         task_file=rel(spec.task_file),
                         model=rel(spec.model),
                         teacher=rel(spec.teacher),
+                        kd_teacher=rel(spec.kd_teacher),
                         data_dir=rel(spec.data_dir),
                         hub=spec.hub,
                         output_dir=output_dir,

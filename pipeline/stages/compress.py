@@ -19,6 +19,7 @@ from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model, save_model
 from pipeline.stages import compact
 from pipeline.train.augment import with_augmented
+from pipeline.train.kd_teacher import load_kd_teacher
 from pipeline.train.teacher_outputs import TeacherOutputs
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,14 @@ OUTPUTS_DIR = "teacher_outputs"  # per teacher, its outputs on the inputs distil
 COMPRESS_VERSION = "5"  # 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
 
 
-def run(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, base_model: str | None = None) -> dict:
+def run(
+    config: DeployConfig,
+    teacher_dir: str,
+    ref: DataRef,
+    cache_dir: str,
+    base_model: str | None = None,
+    kd_teacher: str | None = None,
+) -> dict:
     """Run the configured method, or each method of a chain, starting from a copy of the teacher.
 
     Between two methods of a chain the model is compacted (exactly, or the run stops), so the next method starts
@@ -46,7 +54,8 @@ def run(config: DeployConfig, teacher_dir: str, ref: DataRef, cache_dir: str, ba
         if i > 0:
             start, hit = _compacted(stages[-1]["path"], ref, cache_dir, config.gates.compaction_atol, method_cfg)
             stages[-1]["compacted"] = {"path": start, "cached": hit}
-        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base_model if i == 0 else None)
+        base = base_model if i == 0 else None
+        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base, kd_teacher)
         stages.append(out)
     last = stages[-1]
     return {
@@ -66,10 +75,14 @@ def _compress_one(
     data: TaskData,
     cache_dir: str,
     base_model: str | None,
+    kd_teacher: str | None = None,
 ) -> dict:
     """One method on a copy of the model in `start_dir` (the teacher, or the previous method's compacted
-    output), with the dense teacher for distillation; cached."""
+    output), with the dense teacher for distillation (and `kd_teacher`'s logits for output KD); cached."""
     teacher_digest = dir_digest(Path(teacher_dir))
+    kd_digest = dir_digest(Path(kd_teacher)) if kd_teacher else None
+    # rows are keyed by the teacher's token ids, so another model's rows are stored per (model, teacher)
+    rows_file = f"{teacher_digest}.npz" if kd_digest is None else f"{kd_digest}-for-{teacher_digest[:20]}.npz"
     key = key_of(
         stage="compress",
         v=COMPRESS_VERSION,
@@ -79,6 +92,7 @@ def _compress_one(
         method=method.name,
         cfg=method_cfg.model_dump(),
         base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
+        **({"kd_teacher": kd_digest} if kd_digest else {}),  # absent without one: the keys cached before stay
     )
 
     def build(out: Path) -> None:
@@ -93,7 +107,8 @@ def _compress_one(
                 train_enc, data.train, tokenizer, teacher, method_cfg.train.augment, method_cfg.train.max_length
             )
             log.info("augmented training split: %s", augmented)
-        outputs = TeacherOutputs(teacher, Path(cache_dir) / OUTPUTS_DIR / f"{teacher_digest}.npz")
+        source = load_kd_teacher(kd_teacher, tokenizer) if kd_teacher else None
+        outputs = TeacherOutputs(teacher, Path(cache_dir) / OUTPUTS_DIR / rows_file, source)
         ctx = StageContext(teacher, train_enc, val_enc, task=data.task, base_model=base_model, teacher_outputs=outputs)
         began = time.perf_counter()
         # a fresh copy: it must not share the teacher's tensors or inherit its freeze
@@ -101,6 +116,8 @@ def _compress_one(
         model = method.apply(student, method_cfg, ctx)
         outputs.save()  # for the next stage and the next run that distils from this teacher
         ctx.report["teacher_outputs"] = {"read_back": outputs.hits, "computed": outputs.misses}
+        if kd_teacher:
+            ctx.report["kd_teacher"] = {"path": kd_teacher, "digest": kd_digest}
         if augmented is not None:
             ctx.report["augmented"] = augmented
         ctx.report["seconds"] = round(time.perf_counter() - began, 1)

@@ -12,6 +12,10 @@ A row read back was computed in another batch, whose padding can move a logit in
 1e-7): a run that reuses rows is as exact as two runs on other hardware, not bit for bit the same. The teacher
 always runs in float32 here (autocast off), so the rows do not depend on a phase's precision.
 Anything that needs the teacher's insides (hidden states, attention) calls the teacher itself.
+
+The rows may come from another model than the teacher (`source`: a stronger classifier of the same task,
+`--kd-teacher`): output KD then distils its logits, wherever a phase asks the teacher's, while hidden states and
+attention stay the teacher's (layer KD and relations need its widths and depth).
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ class TeacherOutputs(nn.Module):
     """A frozen teacher that answers output-only calls from its rows and computes only the rows it lacks.
 
     Called like the teacher. With `output_hidden_states` (or any input but the token ids, attention mask and
-    token types) it is the teacher itself.
+    token types) it is the teacher itself, with the logits of `source` (when given) in place of its own.
     """
 
-    def __init__(self, teacher: nn.Module, store: Path | None = None) -> None:
+    def __init__(self, teacher: nn.Module, store: Path | None = None, source: nn.Module | None = None) -> None:
         super().__init__()
         self.teacher = teacher
+        self.source = teacher if source is None else source  # what computes the rows
         self.store = store
         self.rows: dict[bytes, np.ndarray] = {}
         self.kind: str | None = None
@@ -64,8 +69,16 @@ class TeacherOutputs(nn.Module):
             self._load(store)
 
     def forward(self, output_hidden_states: bool = False, **inputs: torch.Tensor):
-        if output_hidden_states or set(inputs) - {"input_ids", "attention_mask", "token_type_ids"}:
-            return self.teacher(**inputs, output_hidden_states=output_hidden_states)
+        plain = not set(inputs) - {"input_ids", "attention_mask", "token_type_ids"}
+        if output_hidden_states or not plain:
+            out = self.teacher(**inputs, output_hidden_states=output_hidden_states)
+            if plain and self.source is not self.teacher:  # sentence labels only (the request checks)
+                out.logits = self._rows(inputs).logits
+            return out
+        return self._rows(inputs)
+
+    def _rows(self, inputs: dict[str, torch.Tensor]):
+        """The batch's output from its rows, computing those not seen yet."""
         ids, mask, types = inputs["input_ids"], inputs["attention_mask"], inputs.get("token_type_ids")
         cpu = [t.detach().cpu() if t is not None else None for t in (ids, mask, types)]
         keys = [row_key(cpu[0][i], cpu[1][i], None if cpu[2] is None else cpu[2][i]) for i in range(len(ids))]
@@ -83,7 +96,7 @@ class TeacherOutputs(nn.Module):
         width = int(mask.sum(dim=1).max())
         sub = {k: v.index_select(0, index)[:, :width] for k, v in inputs.items() if v is not None}
         with torch.no_grad(), torch.autocast(sub["input_ids"].device.type, enabled=False):
-            out = self.teacher(**sub)
+            out = self.source(**sub)
         kind = QA if hasattr(out, "start_logits") else TOKEN if out.logits.dim() == 3 else SEQUENCE
         self.kind = self.kind or kind
         lengths = mask.sum(dim=1).tolist()

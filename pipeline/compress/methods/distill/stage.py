@@ -41,7 +41,9 @@ def distill_loss(
     needs_qkv = bool(cfg.relation or direct is not None)
     insides = bool(needs_qkv or cfg.hidden)
     needs_teacher = bool(insides or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
-    logits_from = outputs if outputs is not None and not insides else teacher
+    # the stored rows answer the logits; with insides they pass the teacher's hidden states through, and put the
+    # KD teacher's logits in (`--kd-teacher`)
+    t_model = outputs if outputs is not None else teacher
 
     def loss_fn(student: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -49,7 +51,7 @@ def distill_loss(
         t_out = t_qkv = None
         if needs_teacher:
             with torch.no_grad():
-                t_out = teacher(**inputs, output_hidden_states=True) if insides else logits_from(**inputs)
+                t_out = t_model(**inputs, output_hidden_states=True) if insides else t_model(**inputs)
                 t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if needs_qkv else None
         s_out = student(**inputs, output_hidden_states=True)
         total = s_out.hidden_states[-1].new_zeros(())
