@@ -122,5 +122,5 @@ def test_a_sweep_file_names_a_kd_teacher_beside_it(tmp_path, classifier_dirs):
     shutil.copytree(classifier_dirs["roberta"], tmp_path / "big")
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text("task: sst2\nkd_teacher: big\nruns: [{method: distill}]\n")
-    ((label, request),) = load_sweep(sweep, str(tmp_path / "out"), str(tmp_path / "cache"))
+    ((_, request),) = load_sweep(sweep, str(tmp_path / "out"), str(tmp_path / "cache"))
     assert request.kd_teacher == str((tmp_path / "big").resolve())
