@@ -49,13 +49,14 @@ def run(
     if all(m.apply_path is None for m, _ in chain):
         return {"path": teacher_dir, "cached": False, "method": config.method, "stages": []}
     data = ref.load()
+    kd = (kd_teacher, dir_digest(Path(kd_teacher))) if kd_teacher else None  # hashed once, not once per stage
     start, stages = teacher_dir, []
     for i, (method, method_cfg) in enumerate(chain):
         if i > 0:
             start, hit = _compacted(stages[-1]["path"], ref, cache_dir, config.gates.compaction_atol, method_cfg)
             stages[-1]["compacted"] = {"path": start, "cached": hit}
         base = base_model if i == 0 else None
-        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base, kd_teacher)
+        out = _compress_one(method, method_cfg, teacher_dir, start, data, cache_dir, base, kd)
         stages.append(out)
     last = stages[-1]
     return {
@@ -75,12 +76,13 @@ def _compress_one(
     data: TaskData,
     cache_dir: str,
     base_model: str | None,
-    kd_teacher: str | None = None,
+    kd: tuple[str, str] | None = None,
 ) -> dict:
     """One method on a copy of the model in `start_dir` (the teacher, or the previous method's compacted
-    output), with the dense teacher for distillation (and `kd_teacher`'s logits for output KD); cached."""
+    output), with the dense teacher for distillation (and the logits of `kd`, a (folder, digest), for output KD);
+    cached."""
     teacher_digest = dir_digest(Path(teacher_dir))
-    kd_digest = dir_digest(Path(kd_teacher)) if kd_teacher else None
+    kd_teacher, kd_digest = kd or (None, None)
     # rows are keyed by the teacher's token ids, so another model's rows are stored per (model, teacher)
     rows_file = f"{teacher_digest}.npz" if kd_digest is None else f"{kd_digest}-for-{teacher_digest[:20]}.npz"
     key = key_of(

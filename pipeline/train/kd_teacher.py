@@ -63,8 +63,6 @@ def same_vocabulary(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> b
 
 def load_kd_teacher(folder: str, reads: PreTrainedTokenizerBase) -> nn.Module:
     """The frozen classifier in `folder`, callable with ids of the tokenizer `reads`."""
-    model = load_model(folder).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = load_model(folder).eval().requires_grad_(False)
     tokenizer = load_tokenizer(folder)
     return model if same_vocabulary(tokenizer, reads) else Retokenized(model, tokenizer, reads)
