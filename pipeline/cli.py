@@ -465,7 +465,7 @@ def distill_general(
     init: Annotated[str | None, typer.Option(help="teacher (cut by importance) or random.")] = None,
     steps: Annotated[int | None, typer.Option(help="Training step budget.")] = None,
     recipe: Annotated[
-        str | None, typer.Option(help="YAML recipe, or a packaged one's name (default, long); default: default.")
+        str | None, typer.Option(help="YAML recipe, or a packaged one's name (default, long, gpu); default: default.")
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override any recipe key: --set relation_heads=16")

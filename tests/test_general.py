@@ -207,6 +207,8 @@ def test_a_step_budget_cut_short_by_epochs_says_so(base_dirs, tmp_path, caplog):
     assert "train.max_steps 12 is capped at 8 steps by train.epochs 1 (32 paragraphs at batch 4)" in caplog.text
     long = parse(GeneralConfig, read_recipe(RECIPES_DIR / "general" / "long.yaml", "general"), "recipe")
     assert num_steps(long.train, 152_559) == 8000  # the shipped corpus's paragraphs: the long recipe runs them all
+    gpu = parse(GeneralConfig, read_recipe(RECIPES_DIR / "general" / "gpu.yaml", "general"), "recipe")
+    assert num_steps(gpu.train, 152_559) == 12000 and gpu.relation_heads == long.relation_heads
 
 
 @pytest.mark.e2e
