@@ -3,11 +3,12 @@
 Each shape LxHxF is the student `pipeline distill-general --layers L --hidden H --ffn F` would build from TEACHER (its
 family, hidden / head size heads of the teacher's head size, the task head), with random weights (they time alike),
 exported as an artifact is (ONNX, ORT fusion, dynamic int8) and timed interleaved with the teacher's dense fp32 and
-int8 graphs at one input shape. Prints p50 and the speedups against both; `--json` keeps the benchmark's cells.
+int8 graphs (the cached ones deploy benchmarks) at one input shape. Prints p50 and the speedups against both;
+`--json` keeps the benchmark's cells.
 
 Usage:
     python benchmarks/student_shapes.py TEACHER_DIR 3x256x768 3x224x448 4x192x192 [--batch 8] [--seq 128] \
-        [--max-runs 60] [--json out.json]
+        [--max-runs 60] [--cache-dir DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from export.benchmark import benchmark, speedups
 from export.onnx import export_optimized
+from pipeline.cache import default_cache_dir
+from pipeline.compress.methods.distill.config import StudentShape
 from pipeline.config.schema import BenchSettings
 from pipeline.errors import PipelineError
 from pipeline.models.families import arch_of
@@ -37,9 +40,11 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
-def parse_shapes(specs: list[str], head_dim: int, hidden: int) -> dict[str, dict[str, int]]:
-    """{spec: {layers, hidden, heads, ffn}}; raises ValueError naming the first bad spec."""
-    shapes = {}
+def parse_shapes(specs: list[str], teacher: dict) -> dict[str, dict[str, int]]:
+    """{spec: {layers, hidden, heads, ffn}}, as distill-general resolves them against the teacher's `config.json`;
+    raises ValueError naming the first bad spec."""
+    arch, shapes = arch_of(teacher), {}
+    head_dim, hidden = arch.head_dim, arch.hidden
     for spec in specs:
         m = SHAPE.match(spec)
         if not m or 0 in (layers := int(m[1]), width := int(m[2]), ffn := int(m[3])):
@@ -49,7 +54,7 @@ def parse_shapes(specs: list[str], head_dim: int, hidden: int) -> dict[str, dict
                 f"shape {spec!r}: hidden {width} must be a multiple of the teacher's head size {head_dim} "
                 f"up to its {hidden}"
             )
-        shapes[spec] = {"layers": layers, "hidden": width, "heads": width // head_dim, "ffn": ffn}
+        shapes[spec] = StudentShape(layers=layers, hidden=width, ffn=ffn).resolved(teacher)
     return shapes
 
 
@@ -61,22 +66,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--max-runs", type=int, default=60)
     ap.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="where the dense graphs are cached")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     try:
-        check_model_dir(args.teacher)
-        arch = arch_of(json.loads((args.teacher / "config.json").read_text()))
-        shapes = parse_shapes(args.shapes, arch.head_dim, arch.hidden)
+        config = check_model_dir(args.teacher)
+        arch, shapes = arch_of(config), parse_shapes(args.shapes, config)
     except (PipelineError, ValueError) as e:
         _fail(str(e))
 
     from pipeline.compress.methods.distill.general_student import build_general_student
     from pipeline.models.io import load_model
+    from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
 
     teacher = load_model(str(args.teacher))
+    dense = dense_graphs(str(args.teacher), str(args.cache_dir or default_cache_dir()))[0]
+    models = {"dense": dense / DENSE_GRAPHS["fp32"], "dense-int8": dense / DENSE_GRAPHS["int8"]}
     with tempfile.TemporaryDirectory() as tmp:
-        export_optimized(teacher, None, Path(tmp, "dense"))
-        models = {"dense": Path(tmp, "dense", GRAPHS["fp32"]), "dense-int8": Path(tmp, "dense", GRAPHS["int8"])}
         for spec, shape in shapes.items():
             student = build_general_student(teacher, shape, "random", 0)[0].eval()
             export_optimized(student, None, Path(tmp, spec))

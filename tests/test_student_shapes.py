@@ -12,7 +12,8 @@ from tests.helpers import write_tiny_model_dir
 def test_each_shape_is_exported_at_its_size_and_timed_against_both_dense_graphs(tmp_path, capsys):
     teacher = write_tiny_model_dir(tmp_path / "teacher")  # hidden 32, two heads of 16
     out = tmp_path / "shapes.json"
-    argv = [str(teacher), "1x16x32", "2x32x48", "--batch", "1", "--seq", "8", "--max-runs", "3", "--threads", "1"]
+    argv = [str(teacher), "1x16x32", "2x32x48", "--batch", "1", "--seq", "8", "--max-runs", "3", "--threads", "1",
+            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
     assert main([*argv, "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["shapes"]["1x16x32"] == {"layers": 1, "hidden": 16, "heads": 1, "ffn": 32}
@@ -29,9 +30,9 @@ def test_each_shape_is_exported_at_its_size_and_timed_against_both_dense_graphs(
      ("1x64x32", "up to its 32")],
 )  # fmt: skip
 def test_a_bad_shape_is_refused_in_one_line(spec, says, tmp_path, capsys):
-    with pytest.raises(ValueError, match=says):
-        parse_shapes([spec], head_dim=16, hidden=32)
     teacher = write_tiny_model_dir(tmp_path / "teacher")
+    with pytest.raises(ValueError, match=says):
+        parse_shapes([spec], json.loads((teacher / "config.json").read_text()))
     with pytest.raises(SystemExit) as stop:
         main([str(teacher), spec])
     assert stop.value.code == 2
