@@ -20,7 +20,7 @@ METHODS = {
         ["student.layers=1", "relation_heads=4", "hidden=1.0", "transfer_steps=6", "train.group_by_length=true"],
         6 + 9,
     ),
-    "smp": (["sparsity=0.5", "recover_steps=10", "prune_steps=6"], 12 + 7),
+    "smp": (["sparsity=0.5", "recover_steps=10", "prune_steps=6", "train.average_steps=8"], 12 + 7),  # kill mid-average
     "gmp": (["sparsity=0.5", "prune_every=2", "train.cycles=3", "dense_cycles=1"], 9),
     "mlp_fusion": (["layers=[1]", "tune_steps=6"], 6 + 11),
 }

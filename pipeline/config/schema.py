@@ -105,6 +105,9 @@ class TrainConfig(KeyStableModel):
         fake_quant_steps: the stage's last N training steps see the int8 graph's rounding of every linear's weight
             and input (quantisation-aware training, `pipeline.train.fake_quant`); in a stage of several phases,
             the last phase's (SMP: recovery; distill and MLP Fusion: task training). 0: off.
+        average_steps: the stage's last phase ends on the mean of its weights after each of its last N steps
+            (tail averaging, as stochastic weight averaging does: the mean of nearby iterates sits nearer the
+            middle of the minimum than the last one; `pipeline.train.loop.TailAverage`). 0: the last step's weights.
     """
 
     max_steps: int = Field(300, ge=0)
@@ -125,12 +128,15 @@ class TrainConfig(KeyStableModel):
     group_by_length: bool = False
     augment: AugmentConfig | None = None
     fake_quant_steps: int = Field(0, ge=0)
+    average_steps: int = Field(0, ge=0)
 
+    LAST_PHASE: ClassVar[tuple[str, ...]] = ("fake_quant_steps", "average_steps")  # a stage's last phase's only
     newer_defaults: ClassVar[dict[str, Any]] = {
         "precision": "fp32",
         "group_by_length": False,
         "augment": None,
         "fake_quant_steps": 0,
+        "average_steps": 0,
     }
 
     @model_validator(mode="after")
@@ -139,11 +145,15 @@ class TrainConfig(KeyStableModel):
             raise ValueError("train.augment adds sentences without labels: it needs kd_alpha above 0 (output KD)")
         return self
 
-    def phase(self, max_steps: int, lr: float, **updates: Any) -> TrainConfig:
-        """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies; no
-        fake int8 unless `updates` asks: a stage's last phase has it)."""
-        fixed = {"max_steps": max_steps, "lr": lr, "epochs": UNCAPPED_EPOCHS, "fake_quant_steps": 0}
-        return self.model_copy(update={**fixed, **updates})
+    def phase(self, max_steps: int, lr: float, last: bool = False, **updates: Any) -> TrainConfig:
+        """This budget's settings for a sub-phase of exactly `max_steps` steps at `lr` (no epoch cap applies);
+        only the stage's `last` phase keeps fake int8 and tail averaging."""
+        base = self if last else self.before_last_phase()
+        return base.model_copy(update={"max_steps": max_steps, "lr": lr, "epochs": UNCAPPED_EPOCHS, **updates})
+
+    def before_last_phase(self) -> TrainConfig:
+        """This budget for a phase that another follows: without the last phase's fake int8 and averaging."""
+        return self.model_copy(update=dict.fromkeys(self.LAST_PHASE, 0))
 
 
 class MethodConfig(FrozenModel):

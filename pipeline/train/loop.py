@@ -153,7 +153,8 @@ def train(
     groups = _param_groups(named, cfg.weight_decay)
     opt = torch.optim.AdamW(groups, lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
-    saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen)
+    average = TailAverage([p for _, p in named if p.requires_grad], steps - min(cfg.average_steps, steps))
+    saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen, average)
     resumed = saver.restore(result)
     if resumed is not None and resumed.step >= steps:
         log.info("%s: finished before, restored from %s", desc, saver.phase.path)
@@ -183,6 +184,7 @@ def train(
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            average.update(step)
             running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
             entry = {"step": step, "loss": round(running, 5)}
             if val_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
@@ -204,6 +206,7 @@ def train(
                 saver.save(result, _Position(step, running, position, epoch_state))
         skip = 0
     bar.close()
+    average.apply()
     if val_enc is not None:
         result.validation = scores(predict_logits(model, val_enc), val_enc)
         result.history[-1].update(result.validation)
@@ -211,6 +214,41 @@ def train(
     log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
     saver.save(result, None)  # finished: a resumed stage skips this phase
     return _finish(model, teacher, result)
+
+
+class TailAverage:
+    """The running mean of `params` after each step past `start` (the last steps of a phase), put in their place by
+    `apply`; checkpointed with the phase, so a resumed phase ends on the average an uninterrupted one does."""
+
+    def __init__(self, params: list[nn.Parameter], start: int):
+        self.params, self.start, self.count = params, start, 0
+        self.mean: list[torch.Tensor] = []
+
+    def update(self, step: int) -> None:
+        """Add the weights after `step` steps, if it is one of the averaged ones."""
+        if step <= self.start:
+            return
+        self.count += 1
+        with torch.no_grad():
+            if not self.mean:
+                self.mean = [p.detach().clone() for p in self.params]
+            else:
+                for m, p in zip(self.mean, self.params, strict=True):
+                    m.add_(p.detach() - m, alpha=1.0 / self.count)
+
+    def apply(self) -> None:
+        if not self.count:
+            return
+        with torch.no_grad():
+            for m, p in zip(self.mean, self.params, strict=True):
+                p.copy_(m)
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": [m.cpu() for m in self.mean]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = state["count"]
+        self.mean = [m.to(p.device) for m, p in zip(state["mean"], self.params, strict=True)] if self.count else []
 
 
 class Stateful(Protocol):
@@ -240,6 +278,7 @@ class _Saver:
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     gen: torch.Generator
+    average: TailAverage
 
     def due(self, step: int) -> bool:
         return self.phase is not None and step % self.phase.every == 0
@@ -263,6 +302,7 @@ class _Saver:
             snapshot["position"] = {"done": True}
         else:
             snapshot["optimizer"], snapshot["scheduler"] = self.opt.state_dict(), self.sched.state_dict()
+            snapshot["average"] = self.average.state_dict()
             snapshot["position"] = {"done": False, "step": at.step, "running": at.running, "position": at.position}
             snapshot["epoch_state"] = at.epoch_state
         self.phase.save(snapshot)
@@ -287,6 +327,8 @@ class _Saver:
             return _Position(result.steps, None, 0, self.gen.get_state())  # finished: no step left
         self.opt.load_state_dict(saved["optimizer"])
         self.sched.load_state_dict(saved["scheduler"])
+        if "average" in saved:  # checkpoints written before tail averaging have none (and averaged nothing)
+            self.average.load_state_dict(saved["average"])
         self.gen.set_state(saved["epoch_state"])
         log.info("%s: resuming from the checkpoint at step %d (%s)", self.phase.desc, at["step"], self.phase.path)
         return _Position(at["step"], at["running"], at["position"], saved["epoch_state"])

@@ -67,7 +67,7 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
         model,
         ctx.train,
         ctx.validation,
-        cfg.train.model_copy(update={"fake_quant_steps": 0}) if cfg.recover_steps else cfg.train,  # recovery's
+        cfg.train.before_last_phase() if cfg.recover_steps else cfg.train,  # recovery's
         teacher=ctx.kd_teacher,
         loss_fn=loss_fn,
         params=masker.named_scores(),
@@ -92,9 +92,9 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
         recover = cfg.train.phase(
             cfg.recover_steps,
             cfg.recover_lr,
+            last=True,
             warmup_ratio=0.1,
             weight_decay=0.01,
-            fake_quant_steps=cfg.train.fake_quant_steps,
         )
         if cfg.mask.structured:  # whole heads and neurons: recover the compacted model, at its real cost per step
             ctx.report["compacted_before_recovery"] = compact_exactly_(model, masker, ctx)
