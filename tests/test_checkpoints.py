@@ -15,12 +15,13 @@ from pipeline.stages.compress import run as compress
 DATA = DataRef("sst2", "sample", None, 64, 16)  # 64 sentences at batch 8: an epoch is 8 steps
 STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]
 # Each method's phases are 12 steps or fewer; the kill lands mid-epoch of the last phase, after a checkpoint.
+# SMP averages its recovery's last 8 steps: the kill lands inside the average.
 METHODS = {
     "distill": (
         ["student.layers=1", "relation_heads=4", "hidden=1.0", "transfer_steps=6", "train.group_by_length=true"],
         6 + 9,
     ),
-    "smp": (["sparsity=0.5", "recover_steps=10", "prune_steps=6", "train.average_steps=8"], 12 + 7),  # kill mid-average
+    "smp": (["sparsity=0.5", "recover_steps=10", "prune_steps=6", "train.average_steps=8"], 12 + 7),
     "gmp": (["sparsity=0.5", "prune_every=2", "train.cycles=3", "dense_cycles=1"], 9),
     "mlp_fusion": (["layers=[1]", "tune_steps=6"], 6 + 11),
 }
