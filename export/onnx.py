@@ -137,6 +137,10 @@ def quantize_int8(src: str | Path, dst: str | Path, keep_fp32: Sequence[str] = (
     """
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # Dynamic quantisation first rewrites every Gemm (a classifier's or pooler's linear) as a MatMul named
+    # `<name>_MatMul` plus an Add, and matches `nodes_to_exclude` against the rewritten names: a Gemm named as in
+    # the fp32 graph would be quantised all the same.
+    keep = [alias for name in keep_fp32 for alias in (name, f"{name}_MatMul")]
     with _shaped(src) as (shaped, empty), _quiet():
         quantize_dynamic(
             str(shaped),
@@ -144,7 +148,7 @@ def quantize_int8(src: str | Path, dst: str | Path, keep_fp32: Sequence[str] = (
             weight_type=QuantType.QInt8,
             per_channel=True,
             reduce_range=REDUCE_RANGE,
-            nodes_to_exclude=empty + list(keep_fp32),
+            nodes_to_exclude=empty + keep,
         )
     return op_counts(dst)
 

@@ -179,3 +179,24 @@ def test_int8_weights_take_seven_bits_so_cpus_without_vnni_do_not_saturate(tmp_p
         assert weights, mode
         assert max(int(np.abs(w.astype(np.int32)).max()) for w in weights) <= 64, mode
         assert min(int(w.min()) for w in weights) < -32, mode  # the 7 bits are used, not a narrower range
+
+
+def test_a_linear_kept_in_fp32_stays_fp32_whether_matmul_or_gemm(tmp_path):
+    """`quantize_int8(keep_fp32=...)` names nodes as the fp32 graph does. A sequence classifier's head and pooler
+    are Gemm nodes, which dynamic quantisation renames (`<name>_MatMul`) before it reads the exclusions: kept by
+    their fp32 names, they stay fp32 all the same."""
+    import onnx
+
+    from export.onnx import export_onnx, optimize_onnx, quantize_int8
+
+    fp32 = tmp_path / "fp32.onnx"
+    optimize_onnx(export_onnx(tiny_model("bert", layers=2), None, tmp_path / "raw"), fp32)
+    nodes = {n.name: n.op_type for n in onnx.load(str(fp32)).graph.node}
+    gemm = next(name for name, op in nodes.items() if op == "Gemm")
+    matmul = next(name for name, op in nodes.items() if op == "MatMul" and "/output/dense/" in name)
+    full = quantize_int8(fp32, tmp_path / "all.onnx")
+    assert "MatMul" not in full
+    for kept in (gemm, matmul):
+        counts = quantize_int8(fp32, tmp_path / "kept.onnx", [kept])
+        assert counts["MatMulInteger"] == full["MatMulInteger"] - 1, kept
+        assert counts["MatMul"] == 1, kept  # the kept linear, in float
