@@ -376,3 +376,35 @@ def test_recipe_scores_compresses_compacts_and_scores_each_variant_in_torch_and_
     assert "teacher" not in bad.stdout  # refused before the teacher was scored
     bad = subprocess.run([*script, *common, "--variant", "x=smp@nosuch"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == "error: recipe not found: nosuch"
+
+
+@pytest.mark.e2e
+def test_int8_sensitivity_ranks_every_quantised_node_and_keeps_the_worst_in_fp32(classifier_dirs, tmp_path):
+    """`benchmarks/int8_sensitivity.py` leaves each node int8 quantises in fp32 in turn, ranks them by the
+    validation KL each removes, and keeps the top-ranked ones in fp32: the keep-1 graph is the ranking's first."""
+    import onnx
+
+    from export.onnx import export_onnx, optimize_onnx
+    from pipeline.models.io import load_model
+
+    script = [sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "int8_sensitivity.py")]
+    model, out = classifier_dirs["bert"], tmp_path / "sens.json"
+    args = [str(model), "--keep", "1", "2", "--dense", str(model), "--max-runs", "3", "--json", str(out)]
+    done = subprocess.run([*script, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    fp32 = tmp_path / "fp32.onnx"
+    optimize_onnx(export_onnx(load_model(model), None, tmp_path / "raw"), fp32)
+    ops = {n.name: n.op_type for n in onnx.load(str(fp32)).graph.node}
+    ranked = [r["node"] for r in result["ranking"]]
+    whole = ("Attention", "EmbedLayerNormalization", "Gemm")
+    assert sorted(ranked) == sorted(n for n, op in ops.items() if op in whole or (op == "MatMul" and "/dense/" in n))
+    removed = [r["kl_removed"] for r in result["ranking"]]
+    assert removed == sorted(removed, reverse=True) and result["kl_all_int8"] > 0
+    variants = result["variants"]
+    assert list(variants) == ["fp32", "int8", "int8-keep1", "int8-keep2"]
+    assert variants["fp32"]["validation_kl"] == 0 and variants["int8"]["validation_kl"] == result["kl_all_int8"]
+    assert variants["int8-keep1"]["validation_kl"] == pytest.approx(result["ranking"][0]["kl"], rel=1e-9)
+    assert {c["model"] for c in result["latency"]} == {"dense", "dense-int8", *variants}
+    bad = subprocess.run([*script, str(model), "--keep", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --keep counts must be at least 1"

@@ -1,0 +1,191 @@
+"""Which nodes does int8 hurt? Leave each one in fp32 in turn, rank them on validation, keep the worst in fp32.
+
+Dynamic int8 (the artifact's: per-channel 7-bit weights, activations per call) costs a compressed model part of a
+point where the dense teacher loses a tenth. This finds whether that loss sits in a few nodes. For every node of
+the fused fp32 graph that int8 quantises (the fused `Attention`, whose Q/K/V projection becomes `QAttention`, the
+embeddings, and every MatMul/Gemm with a constant weight), an int8 graph that leaves only that node in fp32 is
+scored on the validation split carved from train: the mean KL divergence of its class distribution from fp32's
+(a continuous measure of int8's error, where accuracy moves by a few examples). Nodes are ranked by how much of the
+all-int8 graph's KL leaving them out removes, on validation only; graphs keeping the top 1, 2, ... of that ranking
+in fp32 are then scored on validation and dev (reported only) and timed in one interleaved run against the dense
+fp32 graph and its int8 (`--dense`), so that each fp32 node's accuracy is set against its speed.
+
+Usage:
+    python benchmarks/int8_sensitivity.py MODEL_DIR [--data-dir ../shared/data/sst2] [--task sst2]
+        [--validation-size 1000 --validation-unit sentence] [--dense TEACHER_DIR] [--keep 1 2 3]
+        [--batch 8] [--seq 128] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
+
+from export.benchmark import benchmark, speedups
+from export.onnx import export_onnx, optimize_onnx, quantize_int8
+from export.parity import onnx_logits
+from pipeline.config.schema import BenchSettings, DataLimits
+from pipeline.data.encoding import encode
+from pipeline.data.loaders import load_task_data
+from pipeline.data.tasks import get_task
+from pipeline.errors import PipelineError
+from pipeline.models.folders import load_tokenizer
+from pipeline.models.io import load_model
+from pipeline.request import build_deploy_config
+from pipeline.train.metrics import scores
+
+
+def quantisable(path: Path) -> list[str]:
+    """The nodes dynamic int8 rewrites, in graph order: the fused Attention (its Q/K/V projection), the embedding
+    tables and the linears with a constant weight."""
+    import onnx
+
+    graph = onnx.load(str(path)).graph
+    weights = {t.name for t in graph.initializer if 0 not in t.dims}  # empty weights stay fp32 anyway
+
+    def quantised(n) -> bool:
+        if n.op_type in ("Attention", "EmbedLayerNormalization"):  # QAttention; int8 embedding tables
+            return True
+        if n.op_type == "Gather":  # an unfused embedding table
+            return n.input[0] in weights
+        return n.op_type in ("MatMul", "Gemm") and n.input[1] in weights
+
+    return [n.name for n in graph.node if quantised(n)]
+
+
+def kl_from(reference: np.ndarray, rows: np.ndarray) -> float:
+    """Mean KL(softmax(reference) || softmax(rows)) over examples (token tasks: over every row scored)."""
+    ref, other = (r.reshape(-1, r.shape[-1]).astype(np.float64) for r in (reference, rows))
+    log_p = ref - np.logaddexp.reduce(ref, axis=-1, keepdims=True)
+    log_q = other - np.logaddexp.reduce(other, axis=-1, keepdims=True)
+    return float((np.exp(log_p) * (log_p - log_q)).sum(-1).mean())
+
+
+def rank(fp32: Path, nodes: list[str], enc, work: Path) -> tuple[float, list[dict]]:
+    """The all-int8 graph's validation KL from fp32, and every node with the KL of the graph that leaves only it
+    in fp32, most harmful first."""
+    base = onnx_logits(fp32, enc)
+    full = work / "int8.onnx"
+    quantize_int8(fp32, full)
+    kl_all = kl_from(base, onnx_logits(full, enc))
+    rows = []
+    for i, name in enumerate(nodes):
+        path = work / f"without-{i}.onnx"
+        quantize_int8(fp32, path, [name])
+        rows.append({"node": name, "kl": kl_from(base, onnx_logits(path, enc))})
+        path.unlink()
+    for r in rows:
+        r["kl_removed"] = kl_all - r["kl"]
+    return kl_all, sorted(rows, key=lambda r: -r["kl_removed"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", type=Path, help="a task model folder (an artifact's pytorch/, or a teacher)")
+    ap.add_argument("--data-dir", help="the task's data folder; default: the shipped sample")
+    ap.add_argument("--task", default="sst2")
+    ap.add_argument("--validation-size", type=int, default=DataLimits().validation_size)
+    ap.add_argument(
+        "--validation-unit",
+        choices=["example", "sentence"],
+        default=DataLimits().validation_unit,
+        help="carve validation as the model's deploy did (`data.validation_*`), or it may hold train",
+    )
+    ap.add_argument("--dense", type=Path, help="the dense teacher folder: its fp32 and int8 graphs are timed too")
+    ap.add_argument("--keep", type=int, nargs="+", default=[1, 2, 3], help="how many top-ranked nodes stay fp32")
+    ap.add_argument("--batch", type=int, nargs="+", default=[8])
+    ap.add_argument("--seq", type=int, nargs="+", default=[128])
+    ap.add_argument("--max-runs", type=int, default=100)
+    ap.add_argument("--no-bench", action="store_true", help="skip the latency run")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if any(k < 1 for k in args.keep):
+        print("error: --keep counts must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        result = measure(args)
+    except PipelineError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict:
+    spec = get_task(args.task)
+    limits = DataLimits(validation_size=args.validation_size, validation_unit=args.validation_unit)
+    data = load_task_data(spec, args.data_dir, validation=limits.validation)
+    tokenizer = load_tokenizer(args.model)
+    length = build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
+    splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
+    result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        fp32 = work / "fp32.onnx"
+        optimize_onnx(export_onnx(load_model(args.model), None, work / "raw"), fp32)
+        nodes = quantisable(fp32)
+        if not nodes:
+            raise PipelineError(f"{args.model}: the fused graph has no node that int8 quantises")
+        result["kl_all_int8"], result["ranking"] = rank(fp32, nodes, splits["validation"], work)
+        graphs = {"fp32": fp32, "int8": work / "int8.onnx"}
+        for k in sorted(set(args.keep)):
+            if k < len(nodes):
+                graphs[f"int8-keep{k}"] = work / f"keep{k}.onnx"
+                quantize_int8(fp32, graphs[f"int8-keep{k}"], [r["node"] for r in result["ranking"][:k]])
+        base = {s: onnx_logits(fp32, enc) for s, enc in splits.items()}
+        result["variants"] = {}
+        for name, path in graphs.items():
+            entry = {}
+            for split, enc in splits.items():
+                rows = onnx_logits(path, enc)
+                entry[split] = scores(rows, enc)[spec.metric]
+                entry[f"{split}_kl"] = kl_from(base[split], rows)
+            result["variants"][name] = entry
+        if not args.no_bench:
+            timed = dict(graphs)
+            if args.dense:
+                dense = work / "dense.onnx"
+                optimize_onnx(export_onnx(load_model(args.dense), None, work / "dense-raw"), dense)
+                quantize_int8(dense, work / "dense.int8.onnx")
+                timed = {"dense": dense, "dense-int8": work / "dense.int8.onnx", **timed}
+            settings = BenchSettings(
+                batch_sizes=tuple(args.batch), seq_lens=tuple(args.seq), max_runs=args.max_runs,
+                providers=("CPUExecutionProvider",),
+            )  # fmt: skip
+            bench = benchmark(timed, len(tokenizer), settings)
+            result["device"] = bench["device"]
+            result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
+            result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
+    return result
+
+
+def report(result: dict) -> None:
+    metric = result["metric"]
+    print(f"{result['task']}: all-int8 validation KL from fp32 {result['kl_all_int8']:.2e}; each node left in fp32:")
+    for r in result["ranking"]:
+        share = r["kl_removed"] / result["kl_all_int8"] if result["kl_all_int8"] else 0.0
+        print(f"  {r['node']:<60} KL {r['kl']:.2e}  removes {share:+.0%}")
+    print(f"\n{'variant':<14} {'validation':>10} {'val KL':>9} {'dev':>8} {'dev KL':>9}")
+    for name, v in result["variants"].items():
+        vk, dk = v["validation_kl"], v["dev_kl"]
+        print(f"{name:<14} {v['validation']:>10.2f} {vk:>9.2e} {v['dev']:>8.2f} {dk:>9.2e}  ({metric})")
+    if "latency" not in result:
+        return
+    ratio = {(r["model"], r["batch"], r["seq"]): r["speedup_p50"] for r in result["speedups"]}
+    print(f"\n{'graph':<14} {'batch':>5} {'seq':>4} {'p50 ms':>8} {'speedup':>8}")
+    for c in result["latency"]:
+        r = ratio.get((c["model"], c["batch"], c["seq"]))
+        print(f"{c['model']:<14} {c['batch']:>5} {c['seq']:>4} {c['p50_ms']:>8.2f} {f'{r:.2f}x' if r else '':>8}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
