@@ -18,6 +18,7 @@ graph when `--dense` is given.
 
 Usage:
     python benchmarks/int8_modes.py MODEL_DIR --data-dir ../shared/data/sst2 [--task sst2] [--dense TEACHER_DIR]
+        [--validation-size N --validation-unit example|sentence (as the model's deploy carved it)]
         [--variants fp32 int8-dynamic ...] [--calibration 256] [--batch 8] [--no-invariance] [--no-bench]
         [--bench-batch 1 8] [--seq 128] [--max-length N] [--json out.json]
 """
@@ -37,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 from export.benchmark import benchmark, speedups
 from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_static_int8
 from export.parity import onnx_logits
-from pipeline.config.schema import BenchSettings
+from pipeline.config.schema import BenchSettings, DataLimits
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import get_task
@@ -51,6 +52,17 @@ VARIANTS = (
     "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-ffn-out-fp32",
     "int8-static",
 )  # fmt: skip
+
+
+def add_validation_args(ap: argparse.ArgumentParser) -> None:
+    """The validation carve's size and unit: a model must be scored on the split its own deploy carved
+    (`data.validation_size`, `data.validation_unit`), or its "validation" may hold sentences it trained on."""
+    ap.add_argument("--validation-size", type=int, default=DataLimits().validation_size)
+    ap.add_argument("--validation-unit", choices=["example", "sentence"], default=DataLimits().validation_unit)
+
+
+def validation_carve(args: argparse.Namespace) -> tuple[int, float, int, str]:
+    return DataLimits(validation_size=args.validation_size, validation_unit=args.validation_unit).validation
 
 
 def linears(path: Path) -> list[str]:
@@ -122,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", type=Path, help="a task model folder (an artifact's pytorch/, or a teacher)")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--task", default="sst2")
+    add_validation_args(ap)
     ap.add_argument("--dense", type=Path, help="the dense teacher folder, timed as the fp32 baseline")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="fp32 always runs")
     ap.add_argument("--calibration", type=int, default=256, help="train examples for static calibration")
@@ -147,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     spec = get_task(args.task)
-    data = load_task_data(spec, args.data_dir)
+    data = load_task_data(spec, args.data_dir, validation=validation_carve(args))
     tokenizer = load_tokenizer(args.model)
     length = args.max_length or build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
     splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
@@ -168,21 +181,36 @@ def measure(args: argparse.Namespace) -> dict:
                 entry["batch_invariance"] = batch_invariance(path, splits["dev"], args.batch)
             result["variants"][name] = entry
         if not args.no_bench:
-            timed = dict(paths)
-            if args.dense:
-                dense_dir = Path(tmp) / "dense"
-                raw = export_onnx(load_model(args.dense), None, dense_dir)
-                optimize_onnx(raw, dense_dir / "dense.onnx")
-                timed = {"dense": dense_dir / "dense.onnx", **timed}
-            settings = BenchSettings(
-                batch_sizes=tuple(args.bench_batch), seq_lens=tuple(args.seq), max_runs=args.max_runs,
-                providers=("CPUExecutionProvider",),
-            )  # fmt: skip
-            bench = benchmark(timed, len(tokenizer), settings)
-            result["device"] = bench["device"]
-            result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
-            result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
+            result.update(time_graphs(paths, len(tokenizer), Path(tmp), args.dense, args.bench_batch, args.seq,
+                                      args.max_runs))  # fmt: skip
     return result
+
+
+def time_graphs(
+    graphs: dict[str, Path], vocab_size: int, work: Path, dense: Path | None, batches, seqs, max_runs: int,
+    dense_int8: bool = False,
+) -> dict:  # fmt: skip
+    """`graphs` timed in one interleaved run (`export.benchmark`), with the dense teacher's fused fp32 graph (and its
+    int8 one, `dense_int8`) beside them when `dense` is given: the result's device, latency and speedup fields,
+    speedups against the dense fp32 graph, else against `graphs["fp32"]`."""
+    timed = dict(graphs)
+    if dense:
+        fp32 = work / "dense" / "dense.onnx"
+        optimize_onnx(export_onnx(load_model(dense), None, work / "dense"), fp32)
+        baseline = {"dense": fp32}
+        if dense_int8:
+            quantize_int8(fp32, work / "dense" / "dense.int8.onnx")
+            baseline["dense-int8"] = work / "dense" / "dense.int8.onnx"
+        timed = {**baseline, **timed}
+    settings = BenchSettings(
+        batch_sizes=tuple(batches), seq_lens=tuple(seqs), max_runs=max_runs, providers=("CPUExecutionProvider",)
+    )
+    bench = benchmark(timed, vocab_size, settings)
+    return {
+        "device": bench["device"],
+        "latency": [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]],
+        "speedups": speedups(bench, "dense" if dense else "fp32"),
+    }
 
 
 def report(result: dict, base: str) -> None:

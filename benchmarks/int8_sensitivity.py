@@ -28,10 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from export.benchmark import benchmark, speedups
+from benchmarks.int8_modes import add_validation_args, time_graphs, validation_carve
 from export.onnx import export_onnx, optimize_onnx, quantize_int8
 from export.parity import onnx_logits
-from pipeline.config.schema import BenchSettings, DataLimits
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import get_task
@@ -91,13 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model", type=Path, help="a task model folder (an artifact's pytorch/, or a teacher)")
     ap.add_argument("--data-dir", help="the task's data folder; default: the shipped sample")
     ap.add_argument("--task", default="sst2")
-    ap.add_argument("--validation-size", type=int, default=DataLimits().validation_size)
-    ap.add_argument(
-        "--validation-unit",
-        choices=["example", "sentence"],
-        default=DataLimits().validation_unit,
-        help="carve validation as the model's deploy did (`data.validation_*`), or it may hold train",
-    )
+    add_validation_args(ap)
     ap.add_argument("--dense", type=Path, help="the dense teacher folder: its fp32 and int8 graphs are timed too")
     ap.add_argument("--keep", type=int, nargs="+", default=[1, 2, 3], help="how many top-ranked nodes stay fp32")
     ap.add_argument("--batch", type=int, nargs="+", default=[8])
@@ -122,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(args: argparse.Namespace) -> dict:
     spec = get_task(args.task)
-    limits = DataLimits(validation_size=args.validation_size, validation_unit=args.validation_unit)
-    data = load_task_data(spec, args.data_dir, validation=limits.validation)
+    data = load_task_data(spec, args.data_dir, validation=validation_carve(args))
     tokenizer = load_tokenizer(args.model)
     length = build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
     splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
@@ -151,20 +143,8 @@ def measure(args: argparse.Namespace) -> dict:
                 entry[f"{split}_kl"] = kl_from(base[split], rows)
             result["variants"][name] = entry
         if not args.no_bench:
-            timed = dict(graphs)
-            if args.dense:
-                dense = work / "dense.onnx"
-                optimize_onnx(export_onnx(load_model(args.dense), None, work / "dense-raw"), dense)
-                quantize_int8(dense, work / "dense.int8.onnx")
-                timed = {"dense": dense, "dense-int8": work / "dense.int8.onnx", **timed}
-            settings = BenchSettings(
-                batch_sizes=tuple(args.batch), seq_lens=tuple(args.seq), max_runs=args.max_runs,
-                providers=("CPUExecutionProvider",),
-            )  # fmt: skip
-            bench = benchmark(timed, len(tokenizer), settings)
-            result["device"] = bench["device"]
-            result["latency"] = [{k: c[k] for k in ("model", "batch", "seq", "p50_ms")} for c in bench["cells"]]
-            result["speedups"] = speedups(bench, "dense" if args.dense else "fp32")
+            result.update(time_graphs(graphs, len(tokenizer), work, args.dense, args.batch, args.seq, args.max_runs,
+                                      dense_int8=True))  # fmt: skip
     return result
 
 
