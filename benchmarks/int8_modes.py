@@ -158,12 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(args: argparse.Namespace) -> dict:
+def task_splits(args: argparse.Namespace, max_length: int | None = None):
+    """The task, its data (validation carved as `args` say), the model's tokenizer, the length examples are cut
+    at (the teacher's unless `max_length`) and the validation and dev splits encoded."""
     spec = get_task(args.task)
     data = load_task_data(spec, args.data_dir, validation=validation_carve(args))
     tokenizer = load_tokenizer(args.model)
-    length = args.max_length or build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
+    length = max_length or build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
     splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
+    return spec, data, tokenizer, length, splits
+
+
+def measure(args: argparse.Namespace) -> dict:
+    spec, data, tokenizer, length, splits = task_splits(args, args.max_length)
     calibration = encode(tokenizer, data.train.head(args.calibration), length)
     result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric, "max_length": length}
     result["calibration_examples"] = len(calibration)

@@ -28,16 +28,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from benchmarks.int8_modes import add_validation_args, time_graphs, validation_carve
+from benchmarks.int8_modes import add_validation_args, task_splits, time_graphs
 from export.onnx import export_onnx, optimize_onnx, quantize_int8
 from export.parity import onnx_logits
-from pipeline.data.encoding import encode
-from pipeline.data.loaders import load_task_data
-from pipeline.data.tasks import get_task
 from pipeline.errors import PipelineError
-from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
-from pipeline.request import build_deploy_config
 from pipeline.train.metrics import scores
 
 
@@ -114,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    spec = get_task(args.task)
-    data = load_task_data(spec, args.data_dir, validation=validation_carve(args))
-    tokenizer = load_tokenizer(args.model)
-    length = build_deploy_config("none", spec.name).teacher.max_length  # as the teacher trained
-    splits = {name: encode(tokenizer, getattr(data, name), length) for name in ("validation", "dev")}
+    spec, _, tokenizer, _, splits = task_splits(args)
     result: dict = {"model": str(args.model), "task": spec.name, "metric": spec.metric}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
