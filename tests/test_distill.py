@@ -104,6 +104,44 @@ def test_layer_kd_into_a_student_folder_of_another_width_is_refused_before_train
     cfg.updated(train={"layer_kd": 0.0}).preflight(teacher, teacher, config, get_task("sst2"))  # without: fine
 
 
+def test_task_kd_adds_train_layer_kd_times_each_student_layers_hidden_mse_to_its_teacher_layer():
+    """`train.layer_kd` in distill's task loss (it was accepted and ignored): the 2-layer student of a 4-layer
+    teacher adds β × the MSE of its layers 1 and 2 to the teacher's layers 2 and 4; the transfer phase's loss
+    (`task=False`) has no such term."""
+    from pipeline.compress.methods.distill.config import DistillConfig
+    from pipeline.compress.methods.distill.stage import distill_loss
+    from pipeline.data.encoding import encode, iter_batches
+    from pipeline.data.loaders import load_task_data
+    from tests.helpers import tiny_tokenizer
+
+    torch.manual_seed(0)
+    teacher = tiny_model("bert", layers=4).eval().requires_grad_(False)
+    student, _ = build_student(teacher, StudentConfig(layers=2), get_task("sst2"))
+    student.eval()
+    with torch.no_grad():
+        encoder_layers(student)[0].output.dense.weight.mul_(0.5)  # the student now differs from its picked layers
+    enc = encode(tiny_tokenizer("bert"), load_task_data("sst2", source="sample", max_train=16).train, 32)
+    batch = next(iter_batches(enc, 8, shuffle=False))
+    base = DistillConfig(student={"layers": 2}, relation=0.0, transfer_steps=0, train={"kd_alpha": 0.5})
+    layered = base.updated(train={"kd_alpha": 0.5, "layer_kd": 2.0})
+    plain = distill_loss(base, teacher, None, task=True)(student, batch)
+    with_mse = distill_loss(layered, teacher, None, task=True)(student, batch)
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    h_s = student(**inputs, output_hidden_states=True).hidden_states
+    h_t = teacher(**inputs, output_hidden_states=True).hidden_states
+    real = batch["attention_mask"].bool()
+    mse = sum((h_s[i] - h_t[2 * i])[real].square().mean() for i in (1, 2))  # summed over the mapped pairs
+    assert mse > 0 and with_mse.item() == pytest.approx(plain.item() + 2.0 * mse.item(), rel=1e-5)
+    transfer = layered.updated(relation=1.0, relation_heads=4)
+    assert distill_loss(transfer, teacher, None, task=False)(student, batch).item() == pytest.approx(
+        distill_loss(transfer.updated(train={"layer_kd": 0.0}), teacher, None, task=False)(student, batch).item()
+    )
+    config = {**teacher.config.to_dict(), "architectures": ["BertForSequenceClassification"]}
+    narrow = DistillConfig(student={"layers": 2, "hidden": 16}, relation_heads=4, train={"layer_kd": 1.0})
+    with pytest.raises(PipelineError, match="the student's width 16 is not the teacher's 32"):
+        narrow.preflight(None, None, config, get_task("sst2"))
+
+
 def test_a_narrower_student_keeps_the_teachers_head_size_and_its_most_important_dimensions(tmp_path):
     from pipeline.compress.methods.distill.config import DistillConfig
     from pipeline.models.families import arch_of

@@ -138,6 +138,8 @@ def test_the_shape_defaults_follow_the_teacher():
         GeneralConfig(student={"layers": 4, "hidden": 256}, relation_heads=48).preflight(teacher)
     with pytest.raises(ValueError, match="nothing to distil"):
         GeneralConfig(relation=0.0)
+    with pytest.raises(ValueError, match=r"train\.layer_kd applies to task training"):  # it would be ignored
+        GeneralConfig(train={"layer_kd": 1.0})
 
 
 # -- DirectMiniLM --------------------------------------------------------------------------------------------

@@ -156,11 +156,12 @@ class DistillConfig(TransferLosses, MethodConfig):
         student_config = model_config
         if self.student.path is not None:
             student_config = check_student_folder(Path(self.student.path), teacher_dir or model_dir)
-            if self.train.layer_kd and arch_of(student_config).hidden != arch.hidden:
-                raise PipelineError(
-                    f"train.layer_kd compares hidden states directly: the student's width "
-                    f"{arch_of(student_config).hidden} is not the teacher's {arch.hidden} (`hidden` has projections)"
-                )
+        width = arch_of(student_config).hidden if self.student.path else (self.student.hidden or arch.hidden)
+        if self.train.layer_kd and width != arch.hidden:
+            raise PipelineError(
+                f"train.layer_kd compares hidden states directly: the student's width {width} is not the "
+                f"teacher's {arch.hidden} (`hidden` has projections)"
+            )
         if self.relation:
             student_arch = arch_of(student_config)
             widths = [arch.heads * arch.head_dim, student_arch.heads * student_arch.head_dim]
@@ -273,6 +274,10 @@ class GeneralConfig(TransferLosses):
     def _some_signal(self) -> GeneralConfig:
         if not (self.relation or self.hidden or self.direct):
             raise ValueError("relation, hidden and direct are all 0: nothing to distil")
+        if self.train.layer_kd:  # a task-phase loss: general distillation has no task phase
+            raise ValueError(
+                "train.layer_kd applies to task training; general distillation's hidden-state loss is `hidden`"
+            )
         return self
 
     def preflight(self, teacher: dict[str, Any]) -> dict[str, int]:

@@ -14,7 +14,14 @@ from pipeline.compress.methods.distill.students import build_student
 from pipeline.models.families import family_of
 from pipeline.models.layers import encoder_layers
 from pipeline.train.loop import resolve_device, train
-from pipeline.train.losses import HiddenProjections, LossFn, hidden_loss, prediction_rows, task_loss
+from pipeline.train.losses import (
+    HiddenProjections,
+    LossFn,
+    hidden_loss,
+    layer_hidden_mse,
+    prediction_rows,
+    task_loss,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +40,15 @@ def distill_loss(
     direct: DirectProjections | None = None,
     outputs: nn.Module | None = None,
 ) -> LossFn:
-    """relation · L_rel + hidden · L_hid (+ `cfg.direct` · L_direct with `direct`'s maps, + the task loss with
-    output KD when `task`), from one forward each. `outputs` (the teacher's stored rows) answers the teacher's
-    logits when the loss needs nothing else of it."""
+    """relation · L_rel + hidden · L_hid (+ `cfg.direct` · L_direct with `direct`'s maps, + when `task` the task
+    loss with output KD and `train.layer_kd` × every student layer's hidden-state MSE to its teacher layer), from
+    one forward each. `outputs` (the teacher's stored rows) answers the teacher's logits when the loss needs nothing
+    else of it."""
     n_teacher = len(encoder_layers(teacher))
     t_layer = cfg.teacher_layer or n_teacher
     needs_qkv = bool(cfg.relation or direct is not None)
-    insides = bool(needs_qkv or cfg.hidden)
+    layer_kd = cfg.train.layer_kd if task else 0.0
+    insides = bool(needs_qkv or cfg.hidden or layer_kd)
     needs_teacher = bool(insides or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
     # the stored rows answer the logits; with insides they pass the teacher's hidden states through, and put the
     # KD teacher's logits in (`--kd-teacher`)
@@ -70,6 +79,8 @@ def distill_loss(
             rows, labels = prediction_rows(s_out, batch)
             t_rows = prediction_rows(t_out, batch)[0] if t_out else None
             total = total + task_loss(rows, labels, t_rows, cfg.train)
+        if layer_kd:
+            total = total + layer_kd * layer_hidden_mse(s_out.hidden_states, t_out.hidden_states, mask)
         return total
 
     return loss_fn
