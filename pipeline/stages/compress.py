@@ -95,6 +95,9 @@ def _compress_one(
         cfg=method_cfg.model_dump(),
         base=dir_digest(Path(base_model)) if base_model and Path(base_model).is_dir() else None,
         **({"kd_teacher": kd_digest} if kd_digest else {}),  # absent without one: the keys cached before stay
+        # distill ignored train.layer_kd before this key: an entry (or a stopped run's checkpoint) made with it set
+        # trained without it, so those configs alone get new keys
+        **({"layer_kd": "trained"} if method.name == "distill" and method_cfg.train.layer_kd else {}),
     )
 
     def build(out: Path) -> None:
