@@ -6,6 +6,7 @@ Variants, all from the same compacted (or dense) PyTorch folder:
   fp32-gelu-approx   with ORT's tanh GELU approximation
   int8-dynamic       the artifact's int8 graph (dynamic activations, per-channel weights)
   int8-head-fp32     the same with the task head (the graph's last MatMul/Gemm) left in fp32
+  int8-embed-fp32    the same with the embedding tables left in fp32 (int8 stores them in 8 bits)
   int8-ffn-out-fp32  the same with every FFN output linear (`.../output/dense/MatMul`) left in fp32
   int8-static        static QDQ (MatMul/Gemm, per-channel, MatMulConstBOnly), calibrated on train examples
 
@@ -49,7 +50,8 @@ from pipeline.request import build_deploy_config
 from pipeline.train.metrics import example_scores, scores
 
 VARIANTS = (
-    "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-ffn-out-fp32",
+    "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-embed-fp32",
+    "int8-ffn-out-fp32",
     "int8-static",
 )  # fmt: skip
 
@@ -65,19 +67,32 @@ def validation_carve(args: argparse.Namespace) -> tuple[int, float, int, str]:
     return DataLimits(validation_size=args.validation_size, validation_unit=args.validation_unit).validation
 
 
-def linears(path: Path) -> list[str]:
-    """The graph's MatMul/Gemm nodes with a constant weight, in graph order."""
+def quantised_nodes(path: Path) -> dict[str, str]:
+    """Every node dynamic int8 rewrites, in graph order, with its kind: `attention` (the fused Attention's Q/K/V
+    projection), `embeddings` (the fused embedding LayerNorm's tables, or a Gather of one) or `linear` (a MatMul or
+    Gemm with a constant weight; empty weights stay fp32 anyway)."""
     import onnx
 
     graph = onnx.load(str(path)).graph
-    weights = {t.name for t in graph.initializer}
-    return [n.name for n in graph.node if n.op_type in ("MatMul", "Gemm") and weights.intersection(n.input[1:2])]
+    weights = {t.name for t in graph.initializer if 0 not in t.dims}
+    kinds = {}
+    for n in graph.node:
+        if n.op_type == "Attention":
+            kinds[n.name] = "attention"
+        elif n.op_type == "EmbedLayerNormalization" or (n.op_type == "Gather" and n.input[0] in weights):
+            kinds[n.name] = "embeddings"
+        elif n.op_type in ("MatMul", "Gemm") and n.input[1] in weights:
+            kinds[n.name] = "linear"
+    return kinds
 
 
-def kept_fp32(variant: str, names: list[str]) -> list[str]:
-    """The nodes a dynamic-int8 variant leaves in fp32, of the fp32 graph's constant-weight linears `names`."""
+def kept_fp32(variant: str, nodes: dict[str, str]) -> list[str]:
+    """The nodes a dynamic-int8 variant leaves in fp32, of the fp32 graph's `quantised_nodes`."""
+    names = [n for n, kind in nodes.items() if kind == "linear"]
     if variant == "int8-head-fp32":
         return names[-1:]
+    if variant == "int8-embed-fp32":
+        return [n for n, kind in nodes.items() if kind == "embeddings"]
     if variant == "int8-ffn-out-fp32":
         kept = [n for n in names if "/output/dense/" in n and "/attention/" not in n]
         if not kept:
@@ -92,11 +107,11 @@ def build_variants(model_dir: Path, out: Path, wanted: list[str], calibration) -
     raw = export_onnx(load_model(model_dir), None, out / "raw")
     fp32 = out / "fp32.onnx"
     optimize_onnx(raw, fp32)
-    names = linears(fp32)
+    nodes = quantised_nodes(fp32)
     paths, kept = {"fp32": fp32}, {"fp32": 0}
     for name in wanted:
         path = out / f"{name}.onnx"
-        keep = kept_fp32(name, names)
+        keep = kept_fp32(name, nodes)
         if name == "fp32-no-embed-ln":
             optimize_onnx(raw, path, embed_layer_norm=False)
         elif name == "fp32-gelu-approx":

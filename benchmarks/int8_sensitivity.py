@@ -28,30 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
-from benchmarks.int8_modes import add_validation_args, task_splits, time_graphs
+from benchmarks.int8_modes import add_validation_args, quantised_nodes, task_splits, time_graphs
 from export.onnx import export_onnx, optimize_onnx, quantize_int8
 from export.parity import onnx_logits
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_model
 from pipeline.train.metrics import scores
-
-
-def quantisable(path: Path) -> list[str]:
-    """The nodes dynamic int8 rewrites, in graph order: the fused Attention (its Q/K/V projection), the embedding
-    tables and the linears with a constant weight."""
-    import onnx
-
-    graph = onnx.load(str(path)).graph
-    weights = {t.name for t in graph.initializer if 0 not in t.dims}  # empty weights stay fp32 anyway
-
-    def quantised(n) -> bool:
-        if n.op_type in ("Attention", "EmbedLayerNormalization"):  # QAttention; int8 embedding tables
-            return True
-        if n.op_type == "Gather":  # an unfused embedding table
-            return n.input[0] in weights
-        return n.op_type in ("MatMul", "Gemm") and n.input[1] in weights
-
-    return [n.name for n in graph.node if quantised(n)]
 
 
 def kl_from(reference: np.ndarray, rows: np.ndarray) -> float:
@@ -115,7 +97,7 @@ def measure(args: argparse.Namespace) -> dict:
         work = Path(tmp)
         fp32 = work / "fp32.onnx"
         optimize_onnx(export_onnx(load_model(args.model), None, work / "raw"), fp32)
-        nodes = quantisable(fp32)
+        nodes = list(quantised_nodes(fp32))
         if not nodes:
             raise PipelineError(f"{args.model}: the fused graph has no node that int8 quantises")
         result["kl_all_int8"], result["ranking"] = rank(fp32, nodes, splits["validation"], work)

@@ -408,3 +408,20 @@ def test_int8_sensitivity_ranks_every_quantised_node_and_keeps_the_worst_in_fp32
     assert {c["model"] for c in result["latency"]} == {"dense", "dense-int8", *variants}
     bad = subprocess.run([*script, str(model), "--keep", "0"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --keep counts must be at least 1"
+
+
+def test_int8_modes_variants_keep_the_nodes_they_name_in_fp32():
+    from benchmarks.int8_modes import kept_fp32
+
+    nodes = {
+        "EmbedLayerNormalization_0": "embeddings",
+        "Attention_0": "attention",
+        "/bert/encoder/layer.0/attention/output/dense/MatMul": "linear",
+        "/bert/encoder/layer.0/intermediate/dense/MatMul": "linear",
+        "/bert/encoder/layer.0/output/dense/MatMul": "linear",
+        "/classifier/Gemm": "linear",
+    }
+    assert kept_fp32("int8-dynamic", nodes) == []
+    assert kept_fp32("int8-head-fp32", nodes) == ["/classifier/Gemm"]
+    assert kept_fp32("int8-embed-fp32", nodes) == ["EmbedLayerNormalization_0"]
+    assert kept_fp32("int8-ffn-out-fp32", nodes) == ["/bert/encoder/layer.0/output/dense/MatMul"]
