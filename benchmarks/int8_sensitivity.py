@@ -44,10 +44,9 @@ def kl_from(reference: np.ndarray, rows: np.ndarray) -> float:
     return float((np.exp(log_p) * (log_p - log_q)).sum(-1).mean())
 
 
-def rank(fp32: Path, nodes: list[str], enc, work: Path) -> tuple[float, list[dict]]:
-    """The all-int8 graph's validation KL from fp32, and every node with the KL of the graph that leaves only it
-    in fp32, most harmful first."""
-    base = onnx_logits(fp32, enc)
+def rank(fp32: Path, base: np.ndarray, nodes: list[str], enc, work: Path) -> tuple[float, list[dict]]:
+    """The all-int8 graph's validation KL from fp32 (whose validation rows are `base`), and every node with the KL
+    of the graph that leaves only it in fp32, most harmful first."""
     full = work / "int8.onnx"
     quantize_int8(fp32, full)
     kl_all = kl_from(base, onnx_logits(full, enc))
@@ -100,13 +99,13 @@ def measure(args: argparse.Namespace) -> dict:
         nodes = list(quantised_nodes(fp32))
         if not nodes:
             raise PipelineError(f"{args.model}: the fused graph has no node that int8 quantises")
-        result["kl_all_int8"], result["ranking"] = rank(fp32, nodes, splits["validation"], work)
+        base = {s: onnx_logits(fp32, enc) for s, enc in splits.items()}
+        result["kl_all_int8"], result["ranking"] = rank(fp32, base["validation"], nodes, splits["validation"], work)
         graphs = {"fp32": fp32, "int8": work / "int8.onnx"}
         for k in sorted(set(args.keep)):
             if k < len(nodes):
                 graphs[f"int8-keep{k}"] = work / f"keep{k}.onnx"
                 quantize_int8(fp32, graphs[f"int8-keep{k}"], [r["node"] for r in result["ranking"][:k]])
-        base = {s: onnx_logits(fp32, enc) for s, enc in splits.items()}
         result["variants"] = {}
         for name, path in graphs.items():
             entry = {}
