@@ -321,3 +321,15 @@ def test_stage_keys_address_every_method_of_a_chain(method):
     stages = chain_configs(cfg)
     assert [m.name for m, _ in stages] == method.split("+")
     assert all(stage.train.device == "cpu" for _, stage in stages)
+
+
+def test_the_layerwise_recipe_is_long_with_an_augmented_copy_and_layer_kd_in_both_stages():
+    """recipes/distill+smp/layerwise.yaml: what the 6x runs set by hand on `long` (docs/results.md), nothing else."""
+    by_hand = [
+        "config.distill.train.augment.copies=1",
+        "config.distill.train.layer_kd=1.0",
+        "config.smp.train.layer_kd=1.0",
+    ]
+    long = build_deploy_config("distill+smp", "sst2", "long", overrides=by_hand).model_dump()
+    assert build_deploy_config("distill+smp", "sst2", "layerwise").model_dump() == long
+    assert build_deploy_config("distill+smp", "sst2", "long").model_dump() != long
