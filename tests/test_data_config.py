@@ -5,6 +5,7 @@ import re
 import pytest
 
 from pipeline.compress.registry import chain_configs, get_method, method_config, methods
+from pipeline.compress.shapes import layer_options
 from pipeline.config.recipes import (
     RECIPES_DIR,
     TEACHERS_DIR,
@@ -324,12 +325,17 @@ def test_stage_keys_address_every_method_of_a_chain(method):
 
 
 def test_the_layerwise_recipe_is_long_with_an_augmented_copy_and_layer_kd_in_both_stages():
-    """recipes/distill+smp/layerwise.yaml: what the 6x runs set by hand on `long` (docs/results.md), nothing else."""
+    """recipes/distill+smp/layerwise.yaml: what the 6x, 8x and 10x runs set by hand on `long` (docs/results.md),
+    nothing else; half the teacher's depth at least (the 8x and 10x runs' `target.layers=[3]` of 6)."""
     by_hand = [
         "config.distill.train.augment.copies=1",
         "config.distill.train.layer_kd=1.0",
         "config.smp.train.layer_kd=1.0",
+        "target.min_depth=0.5",
     ]
     long = build_deploy_config("distill+smp", "sst2", "long", overrides=by_hand).model_dump()
     assert build_deploy_config("distill+smp", "sst2", "layerwise").model_dump() == long
     assert build_deploy_config("distill+smp", "sst2", "long").model_dump() != long
+    # the depths the plan may pick for a 6-layer teacher: 3 to 6 (`long` alone: 1 to 6)
+    assert layer_options(build_deploy_config("distill+smp", "sst2", "layerwise"), 6) == [3, 4, 5, 6]
+    assert layer_options(build_deploy_config("distill+smp", "sst2", "long"), 6) == [1, 2, 3, 4, 5, 6]
