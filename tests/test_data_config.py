@@ -333,9 +333,10 @@ def test_the_layerwise_recipe_is_long_with_an_augmented_copy_and_layer_kd_in_bot
         "config.smp.train.layer_kd=1.0",
         "target.min_depth=0.5",
     ]
+    layerwise, plain = (build_deploy_config("distill+smp", "sst2", name) for name in ("layerwise", "long"))
     long = build_deploy_config("distill+smp", "sst2", "long", overrides=by_hand).model_dump()
-    assert build_deploy_config("distill+smp", "sst2", "layerwise").model_dump() == long
-    assert build_deploy_config("distill+smp", "sst2", "long").model_dump() != long
+    assert layerwise.model_dump() == long
+    assert plain.model_dump() != long
     # the depths the plan may pick for a 6-layer teacher: 3 to 6 (`long` alone: 1 to 6)
-    assert layer_options(build_deploy_config("distill+smp", "sst2", "layerwise"), 6) == [3, 4, 5, 6]
-    assert layer_options(build_deploy_config("distill+smp", "sst2", "long"), 6) == [1, 2, 3, 4, 5, 6]
+    assert layer_options(layerwise, 6) == [3, 4, 5, 6]
+    assert layer_options(plain, 6) == [1, 2, 3, 4, 5, 6]
