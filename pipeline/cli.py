@@ -46,6 +46,7 @@ def _guarded(body: Callable[[], T], publishes_one: bool = False) -> T:
 
     interrupts.arm()
     try:
+        interrupts.grace_s()  # a bad PIPELINE_STOP_GRACE_S is refused now, not when a signal comes
         result = body()
         interrupts.check()  # a signal whose raise was dropped after the last check still stops the command
         return result
@@ -74,8 +75,7 @@ def _stopped(e: BaseException, publishes_one: bool):
     if publishes_one and done:  # the run had finished its work: the signal changes nothing
         typer.echo(f"note: {e} came after {done[-1]} was published; it stands", err=True)
         return done[-1]
-    before = f"; published before it: {', '.join(done)}" if done else ""
-    _fail(f"{e}; nothing{' more' if done else ''} was published{before}", e.exit_code)
+    _fail(interrupts.stopped_line(e.signum), e.exit_code)
 
 
 def _setup_logging() -> None:
@@ -551,7 +551,7 @@ def main() -> None:
     try:
         app()
     except interrupts.Interrupted as e:  # before a command's own guard took over
-        typer.echo(f"error: {e}; nothing was published", err=True)
+        typer.echo(f"error: {interrupts.stopped_line(e.signum)}", err=True)
         sys.exit(e.exit_code)
 
 

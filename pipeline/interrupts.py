@@ -8,8 +8,11 @@ the signal, which nothing can drop, and raises `Interrupted`; `check()` raises i
 every training step and just before publishing, so a dropped raise costs at most one step of work.
 
 Exit codes follow the shell: 128 + the signal number (130 for SIGINT, 143 for SIGTERM). A second signal while
-the run cleans up (removing its staging folder) is recorded and ignored; a third ends the process at once (a
-staging folder it leaves is removed by the next run into the same output folder).
+the run cleans up (removing its staging folder) is recorded and ignored; a third ends the process at once. So does
+a deadline, `PIPELINE_STOP_GRACE_S` (60) seconds after the first signal: a library can hang while it unwinds
+(Prefect's crash handling once waited past two minutes after a SIGINT landed in a task). Either way the process
+first runs the cleanups registered with `on_hard_exit` (the package stage removes its staging folders) and says
+the same one `error:` line as a run that unwound.
 
 Publishing is one rename, made inside `publishing()`: a signal that arrived before it stops the run there; one that
 arrives during or after it is recorded, not raised, and the artifact stands (`published()` names it), so no run
@@ -21,15 +24,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
+from pipeline.errors import PipelineError
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GRACE_ENV = "PIPELINE_STOP_GRACE_S"
+DEFAULT_GRACE_S = 60.0
 _received: list[int] = []  # every stop signal since the process armed (disarm() clears), in order
 _previous: dict[int, object] = {}
 _published: list[str] = []  # what this process published since it armed (disarm() clears)
 _holding = False  # inside `publishing()`: a signal is recorded, not raised
+_hard_exit_cleanups: list[Callable[[], None]] = []
+_deadline: threading.Timer | None = None  # started by the first signal, cancelled by disarm()
 
 
 class Interrupted(BaseException):
@@ -44,12 +54,54 @@ class Interrupted(BaseException):
         return 128 + self.signum
 
 
+def grace_s() -> float:
+    """Seconds a stopped run has to unwind before the process ends itself (`PIPELINE_STOP_GRACE_S`)."""
+    raw = os.environ.get(GRACE_ENV, "")
+    try:
+        grace = float(raw) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        grace = -1.0
+    if not 0 < grace < float("inf"):
+        raise PipelineError(f"{GRACE_ENV}={raw!r}: expected a number of seconds above 0")
+    return grace
+
+
+def on_hard_exit(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup` if the process has to end without unwinding (a third signal, the deadline)."""
+    if cleanup not in _hard_exit_cleanups:
+        _hard_exit_cleanups.append(cleanup)
+
+
+def _hard_exit(why: str) -> None:
+    if not _received:  # disarmed in the meantime: the command ended on its own
+        return
+    for cleanup in list(_hard_exit_cleanups):
+        with contextlib.suppress(Exception):  # ending is the point: a failing cleanup must not keep the process
+            cleanup()
+    sys.stderr.write(f"note: {why}; ending the process\nerror: {stopped_line(_received[0])}\n")
+    sys.stderr.flush()
+    os._exit(128 + _received[0])
+
+
+def _start_deadline() -> None:
+    global _deadline
+    try:
+        grace = grace_s()
+    except PipelineError:  # a command checks it as it starts; a signal handler is no place to refuse it
+        grace = DEFAULT_GRACE_S
+    _deadline = threading.Timer(grace, _hard_exit, args=(f"the run had not stopped {grace:g} s after the signal",))
+    _deadline.daemon = True
+    _deadline.start()
+
+
 def _handler(signum: int, frame: FrameType | None) -> None:
     _received.append(signum)
     if len(_received) >= 3:
-        os._exit(128 + _received[0])
-    if len(_received) == 1 and not _holding:
-        raise Interrupted(signum)
+        _hard_exit("a third stop signal")
+    if len(_received) == 1:
+        _start_deadline()
+        if not _holding:
+            raise Interrupted(signum)
 
 
 def arm() -> None:
@@ -71,9 +123,13 @@ def rearm() -> None:
 
 
 def disarm() -> None:
-    """Restore the handlers that were there before `arm()` (tests; a command that ends)."""
+    """Restore the handlers that were there before `arm()` (tests; a command that ends), and stop the deadline."""
+    global _deadline
     if threading.current_thread() is not threading.main_thread():
         return
+    if _deadline is not None:
+        _deadline.cancel()
+        _deadline = None
     for sig, previous in _previous.items():
         signal.signal(sig, previous)
     _previous.clear()
@@ -103,6 +159,12 @@ def publishing(what: str) -> Iterator[None]:
         _published.append(what)
     finally:
         _holding = False
+
+
+def stopped_line(signum: int) -> str:
+    """What a stopped command says after `error: `: the signal and what it published before it, if anything."""
+    before = f"; published before it: {', '.join(_published)}" if _published else ""
+    return f"{Interrupted(signum)}; nothing{' more' if _published else ''} was published{before}"
 
 
 def published() -> list[str]:

@@ -63,6 +63,28 @@ def test_exit_codes_follow_the_shell():
     assert interrupts.Interrupted(signal.SIGTERM).exit_code == 143
 
 
+def test_a_bad_stop_grace_is_refused_in_one_line(monkeypatch):
+    from pipeline.errors import PipelineError
+
+    for bad in ("soon", "0", "-5", "inf"):
+        monkeypatch.setenv(interrupts.GRACE_ENV, bad)
+        with pytest.raises(PipelineError, match=f"PIPELINE_STOP_GRACE_S='{bad}': expected a number of seconds"):
+            interrupts.grace_s()
+    monkeypatch.setenv(interrupts.GRACE_ENV, "2.5")
+    assert interrupts.grace_s() == 2.5
+
+
+def test_a_command_that_ends_in_time_cancels_the_deadline(monkeypatch):
+    """The deadline is for a run that does not stop; one that unwinds and ends (disarms) is never ended by it."""
+    monkeypatch.setenv(interrupts.GRACE_ENV, "0.3")
+    interrupts.arm()
+    with pytest.raises(interrupts.Interrupted):
+        signal.raise_signal(signal.SIGINT)
+    interrupts.disarm()
+    time.sleep(0.6)  # a deadline left running would have ended this process (pytest's worker) by now
+    assert interrupts.received() is None
+
+
 def test_a_second_signal_during_cleanup_is_ignored(armed):
     with pytest.raises(interrupts.Interrupted):
         signal.raise_signal(signal.SIGTERM)
@@ -196,6 +218,54 @@ def test_the_command_stops_with_128_plus_the_signal_and_publishes_nothing(sig, m
     assert errors == [f"error: interrupted by {signal.Signals(sig).name}; nothing was published"]
     out = tmp_path / "out"
     assert not out.exists() or [p.name for p in out.iterdir()] == []
+
+
+# a command whose unwinding hangs (as Prefect's crash handling once did): it holds a staging folder, then swallows
+# the stop and sleeps on
+_HANGS_WHILE_UNWINDING = """
+import sys, time
+from pipeline import interrupts
+from pipeline.cli import _guarded
+from pipeline.stages import package
+
+def body():
+    staging = None
+    while True:
+        try:
+            if staging is None:
+                staging = package.new_staging(sys.argv[1], "artifact")
+                print(staging, flush=True)
+            time.sleep(60)
+        except interrupts.Interrupted:
+            pass
+
+interrupts.arm()
+_guarded(body)
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("grace", "signals"), [("2", 1), ("600", 3)], ids=["deadline", "third-signal"])
+def test_a_run_that_hangs_while_it_stops_ends_anyway_and_leaves_no_staging_folder(grace, signals, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, interrupts.GRACE_ENV: grace}
+    proc = subprocess.Popen([sys.executable, "-c", _HANGS_WHILE_UNWINDING, str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)  # fmt: skip
+    staging = Path(proc.stdout.readline().strip())
+    assert staging.is_dir() and staging.parent == out, proc.stderr.read()
+    started = time.monotonic()
+    for _ in range(signals):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+    assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    waited = time.monotonic() - started
+    err = proc.stderr.read().splitlines()
+    assert [ln for ln in err if ln.startswith("error: ")] == ["error: interrupted by SIGINT; nothing was published"]
+    if signals == 1:  # it waited out the grace, no less
+        assert waited >= 2 and "note: the run had not stopped 2 s after the signal; ending the process" in err
+    else:
+        assert waited < 30 and "note: a third stop signal; ending the process" in err
+    assert list(out.iterdir()) == []  # neither the staging folder nor its lock file
 
 
 def _family(proc: subprocess.Popen) -> list[psutil.Process]:

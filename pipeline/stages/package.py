@@ -98,6 +98,7 @@ def new_staging(output_dir: str | Path, name: str) -> Path:
     fd = os.open(_lock_path(staging), os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(fd, fcntl.LOCK_EX)  # a fresh name: nobody else waits on it
     _held[staging] = fd
+    interrupts.on_hard_exit(discard_held)  # a process that ends without unwinding leaves no staging folder
     staging.mkdir()
     (staging / WORK).mkdir()
     return staging
@@ -115,6 +116,12 @@ def discard(staging: str | Path) -> None:
     staging = Path(staging)
     shutil.rmtree(staging, ignore_errors=True)
     _release(staging)
+
+
+def discard_held() -> None:
+    """Remove every staging folder this process holds (a stopped run ending without unwinding)."""
+    for staging in list(_held):
+        discard(staging)
 
 
 def versions() -> dict[str, str]:
