@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def test_a_command_that_ends_in_time_cancels_the_deadline(monkeypatch):
     with pytest.raises(interrupts.Interrupted):
         signal.raise_signal(signal.SIGINT)
     interrupts.disarm()
+    assert all(t.finished.is_set() for t in threading.enumerate() if isinstance(t, threading.Timer))  # cancelled
     time.sleep(0.6)  # a deadline left running would have ended this process (pytest's worker) by now
     assert interrupts.received() is None
 
