@@ -68,3 +68,23 @@ def test_bf16_on_a_cpu_without_native_bfloat16_is_one_line(classifier_dirs, tmp_
         compress(config, str(classifier_dirs["bert"]), DATA, str(tmp_path / "cache"))
     assert "\n" not in str(caught.value)
     assert not list((tmp_path / "cache").rglob("model.safetensors"))  # nothing cached
+
+
+def test_the_loop_s_adamw_is_fused_on_cpu_and_steps_as_the_unfused_one_does():
+    from pipeline.train.loop import _param_groups, adamw
+
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.LayerNorm(6)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    fused = adamw(_param_groups(list(models[0].named_parameters()), 0.01), 1e-2, torch.device("cpu"))
+    plain = torch.optim.AdamW(_param_groups(list(models[1].named_parameters()), 0.01), lr=1e-2)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    for _ in range(5):
+        x = torch.randn(3, 8)
+        for model, opt in zip(models, (fused, plain), strict=True):
+            model(x).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    fused.load_state_dict(plain.state_dict())  # a checkpoint from before the fused update resumes

@@ -151,7 +151,7 @@ def train(
         return _finish(model, teacher, result)
     named = list(params if params is not None else model.named_parameters())
     groups = _param_groups(named, cfg.weight_decay)
-    opt = torch.optim.AdamW(groups, lr=cfg.lr)
+    opt = adamw(groups, cfg.lr, device)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
     average = TailAverage([p for _, p in named if p.requires_grad], steps - min(cfg.average_steps, steps))
     saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen, average)
@@ -214,6 +214,12 @@ def train(
     log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
     saver.save(result, None)  # finished: a resumed stage skips this phase
     return _finish(model, teacher, result)
+
+
+def adamw(groups: list[dict], lr: float, device: torch.device) -> torch.optim.AdamW:
+    """AdamW, fused where torch has the kernel (CPU, CUDA): one pass over the weights instead of a dozen, the same
+    arithmetic; on a 2-core CPU the unfused update was a third of a 12 x 768 model's bf16 training step."""
+    return torch.optim.AdamW(groups, lr=lr, fused=device.type in ("cpu", "cuda") or None)
 
 
 class TailAverage:
