@@ -94,6 +94,9 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from pipeline.errors import quiet_prefect_user_errors
+
+    quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks
 
 
 @app.command()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 
 def one_line(e: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
@@ -15,3 +18,25 @@ class PipelineError(Exception):
 
 class GateError(PipelineError):
     """A validation gate failed: the flow stops and publishes nothing."""
+
+
+class _UserErrorWithoutTraceback(logging.Filter):
+    """Drops the traceback from a log record of a PipelineError, keeping its message: Prefect logs a failed task's
+    and flow's exception with `exc_info`, so a refused target or a failed gate printed two library tracebacks above
+    the CLI's one-line error. Other exceptions (our bugs, a library's) keep theirs, and PIPELINE_DEBUG=1 keeps all,
+    as it does in the CLI."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        user_error = record.exc_info and isinstance(record.exc_info[1], PipelineError)
+        if user_error and os.environ.get("PIPELINE_DEBUG") != "1":
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_prefect_user_errors() -> None:
+    """Log PipelineErrors raised in Prefect tasks and flows without their tracebacks; idempotent, and needs no
+    Prefect import (Prefect configures these loggers by name and keeps their filters)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorWithoutTraceback) for f in logger.filters):
+            logger.addFilter(_UserErrorWithoutTraceback())

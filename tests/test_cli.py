@@ -184,6 +184,35 @@ def test_pipeline_debug_shows_the_whole_traceback(monkeypatch):
     assert result.exception.__context__ is not None and not result.exception.__suppress_context__  # the YAML error
 
 
+def test_prefect_logs_a_user_error_without_its_traceback(monkeypatch):
+    """Prefect logs a failed task's or flow's exception with its traceback: a PipelineError (a target out of reach,
+    a failed gate) keeps its message and loses the traceback, since the CLI states it in one line; our bugs and a
+    library's keep theirs, and so does every error under PIPELINE_DEBUG=1."""
+    import io
+    import logging
+
+    from pipeline.errors import GateError, quiet_prefect_user_errors
+
+    quiet_prefect_user_errors()
+    quiet_prefect_user_errors()  # a second command in one process adds no second filter
+    logger, out = logging.getLogger("prefect.task_runs"), io.StringIO()
+    assert [type(f).__name__ for f in logger.filters].count("_UserErrorWithoutTraceback") == 1
+    handler = logging.StreamHandler(out)
+    logger.addHandler(handler)
+    try:
+        for exc in (GateError("a gate failed"), ValueError("a bug"), GateError("debugging")):
+            monkeypatch.setenv("PIPELINE_DEBUG", "1" if "debugging" in str(exc) else "0")
+            try:
+                raise exc
+            except Exception:
+                logger.error("Task run failed with exception: %r", exc, exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    first, rest = out.getvalue().split("ValueError('a bug')")
+    assert first == "Task run failed with exception: GateError('a gate failed')\nTask run failed with exception: "
+    assert rest.count("Traceback") == 2 and "ValueError: a bug" in rest and "GateError: debugging" in rest
+
+
 def test_help_does_not_import_torch():
     code = (
         "import sys; from pipeline.cli import app; assert 'torch' not in sys.modules and 'prefect' not in sys.modules"
@@ -297,6 +326,7 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     second = run_cli([*common, "--set", "gates.onnx_atol=1e-12"], env)  # an impossible parity bar
     assert second.returncode == 1
     assert "error: validation failed: ONNX fp32 vs torch" in second.stderr
+    assert "Traceback" not in second.stderr
     assert "(cached)" in second.stderr  # the teacher and the compressed model were reused
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [artifact.name]  # nothing else published
 
@@ -363,6 +393,7 @@ def test_live_gates(base_dirs, tmp_path):
     second = run_cli(args, env)
     lines = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert second.returncode == 1 and len(lines) == 1, second.stderr[-3000:]
+    assert "Traceback" not in second.stderr  # Prefect logs the failed validate task and flow, in their own lines
     assert re.fullmatch(
         r"error: validation failed: compressed accuracy \d+\.\d\d is \d+\.\d\d points below the teacher's "
         r"\d+\.\d\d on the validation split \(gates\.max_metric_drop 3\.0\)",

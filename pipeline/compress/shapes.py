@@ -179,6 +179,12 @@ def student_folder(config: DeployConfig) -> str | None:
     return getattr(student, "path", None)
 
 
+def cuts_student(config: DeployConfig) -> bool:
+    """The chain starts by cutting a student from the teacher (distill without a student folder): its depth and
+    width are the plan's to choose."""
+    return parse_chain(config.method)[0].builds_student and student_folder(config) is None
+
+
 def layer_options(config: DeployConfig, layers: int) -> list[int]:
     """Depths the search may pick: from `target.min_depth` of `layers` (the teacher's) up to all of them when the
     chain starts by cutting a student from the teacher (distill), else `layers` (the teacher's, or a student
@@ -187,7 +193,7 @@ def layer_options(config: DeployConfig, layers: int) -> list[int]:
     Raises:
         PipelineError: `target.layers` holds no depth that deep.
     """
-    if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
+    if not cuts_student(config):
         return [layers]
     least = max(1, math.ceil(config.target.min_depth * layers - 1e-9))  # 0.28 x 25 is 7.000000000000001
     options = [n for n in (config.target.layers or range(1, layers + 1)) if least <= n <= layers]
@@ -215,7 +221,7 @@ def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
 
     if not config.target.hidden:
         return
-    if not parse_chain(config.method)[0].builds_student or student_folder(config) is not None:
+    if not cuts_student(config):
         raise PipelineError(
             "target.hidden narrows a student cut from the teacher: the chain must start with distill, without "
             "config.student.path"

@@ -32,6 +32,7 @@ from pipeline.compress.shapes import (
     apply_shape,
     check_hidden_options,
     check_target_chain,
+    cuts_student,
     layer_options,
     search_widths,
     student_folder,
@@ -245,7 +246,18 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
         records.append(table_record(teacher_dir, target, config.bench, cache_dir, None, hidden))
     tables = [LatencyTable.from_dict(r) for r in records]
     options = layer_options(config, tables[0].teacher["layers"])
-    shape, table = search_widths(tables, target.speedup, options, target.headroom, target.min_heads, target.objective)
+    try:
+        shape, table = search_widths(
+            tables, target.speedup, options, target.headroom, target.min_heads, target.objective
+        )
+    except PipelineError as e:
+        if not cuts_student(config) or min(options) == 1:
+            raise
+        teacher_layers = tables[0].teacher["layers"]  # name the depth floor: the user can lower it
+        raise PipelineError(
+            f"{e}; shallower students are out: target.min_depth {target.min_depth:g} and target.layers keep at "
+            f"least {min(options)} of the teacher's {teacher_layers} layers (a recipe such as `layerwise` sets it)"
+        ) from None
     record = records[tables.index(table)]
     aim = target.speedup * (1 + target.headroom)
     planned = apply_shape(config, shape, table.teacher, shape.hidden if shape.hidden != own else None)
