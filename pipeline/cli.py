@@ -27,7 +27,9 @@ app = typer.Typer(
 
 
 def _fail(e: Exception | str, code: int) -> None:
-    if os.environ.get("PIPELINE_DEBUG") == "1" and isinstance(e, BaseException):
+    from pipeline.errors import debugging
+
+    if debugging() and isinstance(e, BaseException):
         e.__suppress_context__ = False  # the library error a one-line message replaced (`from None`) shows too
         raise e  # the whole traceback, for when the bug is ours or a library's
     typer.echo(f"error: {e}", err=True)

@@ -6,6 +6,11 @@ import logging
 import os
 
 
+def debugging() -> bool:
+    """PIPELINE_DEBUG=1: errors keep their whole tracebacks (the CLI re-raises, Prefect's logs keep them)."""
+    return os.environ.get("PIPELINE_DEBUG") == "1"
+
+
 def one_line(e: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
     text = str(e).strip().splitlines()
@@ -28,7 +33,7 @@ class _UserErrorWithoutTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         user_error = record.exc_info and isinstance(record.exc_info[1], PipelineError)
-        if user_error and os.environ.get("PIPELINE_DEBUG") != "1":
+        if user_error and not debugging():
             record.exc_info = record.exc_text = None
         return True
 

@@ -245,7 +245,8 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     for hidden in sorted(set(target.hidden or ()) - {own}, reverse=True):  # a table per narrower width
         records.append(table_record(teacher_dir, target, config.bench, cache_dir, None, hidden))
     tables = [LatencyTable.from_dict(r) for r in records]
-    options = layer_options(config, tables[0].teacher["layers"])
+    depth = tables[0].teacher["layers"]
+    options = layer_options(config, depth)
     try:
         shape, table = search_widths(
             tables, target.speedup, options, target.headroom, target.min_heads, target.objective
@@ -253,10 +254,9 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
     except PipelineError as e:
         if not cuts_student(config) or min(options) == 1:
             raise
-        teacher_layers = tables[0].teacher["layers"]  # name the depth floor: the user can lower it
-        raise PipelineError(
+        raise PipelineError(  # name the depth floor: the user can lower it
             f"{e}; shallower students are out: target.min_depth {target.min_depth:g} and target.layers keep at "
-            f"least {min(options)} of the teacher's {teacher_layers} layers (a recipe such as `layerwise` sets it)"
+            f"least {min(options)} of the teacher's {depth} layers (a recipe such as `layerwise` sets it)"
         ) from None
     record = records[tables.index(table)]
     aim = target.speedup * (1 + target.headroom)
