@@ -4,14 +4,16 @@ tensor data extension), health, metrics, for every task kind the artifact may be
 Every handler runs through one wrapper that checks the API key, turns refusals into a JSON `{"error": ...}`
 with a 4xx/5xx status, and records the request in the metrics; nothing a client sends can stop the server.
 A request's texts are tokenised on a pool of tokeniser threads, then go through the micro-batcher; the model
-runs on its single worker thread, which only pads and runs the graph: tokenising a large request holds up
-neither the event loop nor other requests' model calls.
+runs on its single worker thread, which only pads and runs the graph; entities and answers are decoded from its
+rows on the tokeniser threads again: tokenising or decoding a large request holds up neither the event loop
+(health, metrics) nor other requests' model calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -33,7 +35,7 @@ from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
 from serving.binary import HEADER_LENGTH, BinaryError, response_body, split_body, tensor_bytes
 from serving.config import ServerConfig
 from serving.metrics import CONTENT_TYPE, Metrics
-from serving.session import softmax, top_labels
+from serving.session import check_windows, softmax, top_labels
 from serving.spans import MAX_ANSWER_LEN
 from serving.validation import (
     OUTPUT_TYPES,
@@ -47,9 +49,12 @@ from serving.validation import (
 
 log = logging.getLogger("serving")
 MODEL_VERSION = "1"
-# Threads that tokenise requests. Tokenising releases the GIL; a few threads keep a small request from waiting
-# for one while large ones are tokenised (their texts are bounded, so each takes milliseconds).
-TOKENIZER_THREADS = 4
+# Threads that tokenise requests and decode their answers, in two lanes: requests of at most SMALL_REQUEST_CHARS
+# characters in all have threads of their own, so that they never wait for a thread behind large ones. The large
+# lane has few threads: tokenising windows and decoding spans is partly Python, and every thread more that holds
+# the GIL for a large request delays each step of a small one (the event loop included).
+TOKENIZER_THREADS = {"small": 2, "large": 2}
+SMALL_REQUEST_CHARS = 4096
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -118,6 +123,24 @@ async def read_body(request: Request, limit: int) -> bytes:
 NO_ANSWER = {"score": 0.0, "start": 0, "end": 0, "answer": ""}  # no span fits (a context of special tokens only)
 
 
+def _chars(items: list) -> int:
+    """The characters of a request's items: texts, (text, text_pair) pairs or questions with their contexts."""
+
+    def chars(item: Any) -> int:
+        if isinstance(item, str):
+            return len(item)
+        if isinstance(item, tuple):
+            return sum(len(t) for t in item)
+        return len(getattr(item, "question", "")) + len(getattr(item, "context", ""))
+
+    return sum(map(chars, items))
+
+
+def _parse(parse: Callable[[Any], Any], body: bytes) -> Any:
+    """`parse` of the JSON `body` (a request's parser with its settings bound)."""
+    return parse(decode_json(body))
+
+
 def _scores(logits: np.ndarray, function: str) -> np.ndarray:
     if function == "softmax":
         return softmax(logits)
@@ -143,18 +166,20 @@ class Service:
             config.max_batch,
             config.max_wait_ms / 1000,
             config.max_queue,
+            max_queue_items=config.max_queue * config.max_batch,
             max_tokens=config.max_batch_tokens,
             tokens=model.tokens,
         )
         self.metrics = Metrics(model_name, config.precision, lambda: self.batcher.queued)
         self.batcher.on_batch = self.metrics.observe_batch
         self._key = config.api_key.encode() if config.api_key else None
-        self._tokenizers: ThreadPoolExecutor | None = None
+        self._lanes: dict[str, ThreadPoolExecutor] = {}
         self._tokenizing = 0  # requests on the tokeniser threads: they count against max_queue too
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette):
-        self._tokenizers = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenizer")
+        self._lanes = {lane: ThreadPoolExecutor(n, thread_name_prefix=f"tokenizer-{lane}")
+                       for lane, n in TOKENIZER_THREADS.items()}  # fmt: skip
         await self.batcher.start()
         try:
             yield
@@ -162,7 +187,8 @@ class Service:
             if self.batcher.queued:
                 log.info("shutting down: finishing %d queued requests", self.batcher.queued)
             await self.batcher.stop()
-            self._tokenizers.shutdown(wait=True)
+            for pool in self._lanes.values():
+                pool.shutdown(wait=True)
 
     async def rows(self, items: list) -> tuple[list, np.ndarray]:
         """Tokenise `items` on a tokeniser thread, then queue them for the model: (the encodings, a row of outputs
@@ -176,11 +202,22 @@ class Service:
         self._tokenizing += 1
         start = time.perf_counter()
         try:
-            encoded = await asyncio.get_running_loop().run_in_executor(self._tokenizers, self.model.encode, items)
+            encoded = await self._off_loop(_chars(items), self.model.encode, items)
         finally:
             self._tokenizing -= 1
         self.metrics.observe_tokenization(time.perf_counter() - start)
+        if self.kind == QA:  # any model's windows, the session's own early check aside
+            check_windows(len(encoded), self.config.max_windows)
         return encoded, await self.batcher.submit(encoded)
+
+    async def _off_loop(self, size: int, function: Callable, *args: Any) -> Any:
+        """`function(*args)` on a tokeniser thread of the lane of a request of `size` characters (or bytes): parsing,
+        tokenising or decoding a large request's entities or answers takes long enough that on the event loop it
+        would hold up health probes, metrics and every other request. A small body is parsed on the loop."""
+        if function is _parse and size <= SMALL_REQUEST_CHARS:
+            return function(*args)
+        lane = "small" if size <= SMALL_REQUEST_CHARS else "large"
+        return await asyncio.get_running_loop().run_in_executor(self._lanes[lane], function, *args)
 
     # -- the wrapper every route goes through -------------------------------------------------------------
     def endpoint(self, name: str, handler: Handler, auth: bool = True) -> Handler:
@@ -291,9 +328,10 @@ class Service:
             header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
         except BinaryError as e:
             raise RequestError(400, str(e), "bad_binary") from None
-        req = parse_infer(decode_json(header), self.limits, self.pair, self.kind, binary)
+        parse = functools.partial(parse_infer, limits=self.limits, pair=self.pair, kind=self.kind, binary=binary)
+        req = await self._off_loop(len(body), _parse, parse, header)
         encoded, rows = await self.rows(req.texts)
-        tensors = self._tensors(req.texts, encoded, rows, req.outputs)
+        tensors = await self._off_loop(_chars(req.texts), self._tensors, req.texts, encoded, rows, req.outputs)
         outputs, data = [], {}
         for name in req.outputs:
             datatype, shape, values = tensors[name]
@@ -332,14 +370,16 @@ class Service:
         return {name: (types[name], [len(found)], [row[name] for row in found]) for name in wanted}
 
     async def predict(self, request: Request) -> Response:
-        req = parse_predict(
-            decode_json(await read_body(request, self.config.max_body_bytes)), self.limits, self.pair, self.kind
-        )
+        body = await read_body(request, self.config.max_body_bytes)
+        parse = functools.partial(parse_predict, limits=self.limits, pair=self.pair, kind=self.kind)
+        req = await self._off_loop(len(body), _parse, parse, body)
         encoded, rows = await self.rows(req.texts)
         if self.kind == SEQUENCE:
             result = top_labels(_scores(rows, req.function), self.labels, req.top_k)
         else:
-            result = self.model.answer(req.texts, encoded, rows, req.top_k, req.max_answer_len)
+            result = await self._off_loop(
+                _chars(req.texts), self.model.answer, req.texts, encoded, rows, req.top_k, req.max_answer_len
+            )
         if self.kind == QA:  # the pipeline's shapes: one answer as an object, top_k > 1 as a list
             result = [(a or [NO_ANSWER])[0] if req.top_k == 1 else a for a in result]
         return json_response(result[0] if req.single else result)

@@ -5,7 +5,9 @@ collects waiting requests into a batch (up to `max_batch` items, or until `max_w
 one arrived), hands it to a one-thread executor that pads it to the longest item and runs ONNX Runtime, and gives
 every request its rows back. While a batch runs, new requests queue up, so under load the next batch is taken at
 once without waiting. The queue is bounded: `submit` raises `QueueFull` instead of letting latency grow without
-limit.
+limit. It counts items too (texts, or question-answering windows): a request whose items would take the queue past
+`max_queue_items` is refused unless the queue is empty, so that a few requests of many windows each cannot queue
+unbounded work behind the limit on requests.
 
 Requests with the fewest items left go first, and a request with more than `max_batch` items runs one batch at a
 time, going back to the queue in between: a one-text request waits for at most the model call under way, not for
@@ -79,6 +81,8 @@ class MicroBatcher:
         max_batch: most items per call. A request with more items runs `max_batch` at a time.
         max_wait_s: how long to wait for more requests after the first one of a batch arrived.
         max_queue: most requests waiting (not counting the batch being computed).
+        max_queue_items: most items of those requests (None: no limit); a request larger than this alone still
+            runs when the queue is empty.
         on_batch: called on the event loop after every model call (metrics).
         max_tokens: most padded tokens per call (items times the longest item's `tokens`); at least one item runs.
         tokens: an item's length in tokens (default: every item counts as one).
@@ -93,7 +97,9 @@ class MicroBatcher:
         on_batch: Callable[[BatchStats], None] | None = None,
         max_tokens: int | None = None,
         tokens: Callable[[Any], int] = lambda item: 1,
+        max_queue_items: int | None = None,
     ) -> None:
+        self.max_queue_items = max_queue_items
         self.infer = infer
         self.max_tokens = max_tokens
         self.tokens = tokens
@@ -147,10 +153,17 @@ class MicroBatcher:
         """Queue `items` and wait for their rows.
 
         Raises:
-            QueueFull: `max_queue` requests are already waiting.
+            QueueFull: `max_queue` requests are already waiting, or `items` would take the queue past
+                `max_queue_items`.
             ShuttingDown: the batcher is stopping (or never started).
         """
         self.check_capacity()
+        waiting = sum(p.left for p in self._waiting)
+        if self.max_queue_items is not None and waiting and waiting + len(items) > self.max_queue_items:
+            raise QueueFull(
+                f"the request queue is full ({waiting} texts or windows waiting, {len(items)} more would pass "
+                f"{self.max_queue_items}); retry later"
+            )
         pending = _Pending(items, asyncio.get_running_loop().create_future(), next(self._order))
         self._waiting.append(pending)
         self._wakeup.set()

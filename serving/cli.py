@@ -54,6 +54,12 @@ def parser(prog: str = "python -m serving") -> argparse.ArgumentParser:
         "--max-text-chars", type=int, default=d.max_text_chars, help="longest text in characters (%(default)s)"
     )
     p.add_argument(
+        "--max-windows",
+        type=int,
+        default=d.max_windows,
+        help="most question-answering windows per request, over all its contexts (%(default)s)",
+    )
+    p.add_argument(
         "--max-length",
         type=int,
         default=d.max_length,
@@ -91,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         max_items=args.max_items,
         max_text_chars=args.max_text_chars,
+        max_windows=args.max_windows,
         max_length=args.max_length,
         graceful_timeout_s=args.graceful_timeout,
         access_log=args.access_log,

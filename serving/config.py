@@ -42,12 +42,14 @@ class ServerConfig:
         max_batch_tokens: most padded tokens in one call (texts times the longest): long texts run a few at a
             time, so a request that arrives during a call waits for a short one (at least one text always runs).
         max_wait_ms: how long the batcher waits for more requests once one arrived and the batch is not full.
-        max_queue: most requests being tokenised or waiting for the model (beyond the batch being computed); more
-            get a 503.
+        max_queue: most requests being tokenised or waiting for the model (beyond the batch being computed), and
+            at most `max_queue` x `max_batch` texts or question-answering windows among them; more get a 503.
         threads: ONNX Runtime intra-op threads; default: the cores available to the process.
         max_body_bytes: larger request bodies get a 413; at most 1 MiB past the limit is read (and dropped) first.
         max_items: most texts in one request.
         max_text_chars: longest text in characters; longer texts get a 413.
+        max_windows: most question-answering windows one request may cut its contexts into (each window is a text
+            for the model); more get a 413.
         max_length: tokens per text (a question-answering window); longer tokenised texts are truncated to it,
             keeping the start. None: the length the artifact was trained at (its task block's), else 128.
         graceful_timeout_s: on SIGTERM/SIGINT, how long in-flight requests may take to finish.
@@ -69,6 +71,7 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     max_items: int = 64
     max_text_chars: int = 10_000
+    max_windows: int = 256
     max_length: int | None = None
     graceful_timeout_s: float = 30.0
     access_log: bool = False
@@ -81,7 +84,7 @@ class ServerConfig:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
         for name in ("max_batch", "max_batch_tokens", "max_queue", "max_body_bytes", "max_items", "max_text_chars",
-                     "max_length"):  # fmt: skip
+                     "max_windows", "max_length"):  # fmt: skip
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
         # inf would keep a lone request waiting for a batch that never fills; nan compares false with everything

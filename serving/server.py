@@ -47,6 +47,7 @@ def load_model(config: ServerConfig) -> ArtifactSession:
             config.precision,
             threads=config.intra_op_threads,
             max_length=config.max_length,
+            max_windows=config.max_windows,
             spinning=False,
             trust_key=config.trust_key,
         )
@@ -92,6 +93,9 @@ def serve(config: ServerConfig) -> int:
     # Each request is tokenised on a tokeniser thread of the app's. The tokenizer's own thread pool (rayon) would
     # queue a one-text request's tokenisation behind a large request's (and size itself to every CPU on the host).
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # A thread waiting for the GIL gets it after this long at most: with large requests' decoding holding it, each
+    # step of a small request (the event loop's, its tokeniser thread's) would otherwise wait up to 5 ms per turn.
+    sys.setswitchinterval(0.001)
     import uvicorn
 
     from serving.app import build_app

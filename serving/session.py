@@ -61,6 +61,8 @@ class ArtifactSession:
         trust_key: with `verify`, also refuse the artifact unless its signature verifies with this public key.
         spinning: let idle intra-op threads busy-wait (ORT's default). A server turns it off: spinning
             threads would take the cores that its event loop needs between batches.
+        max_windows: most question-answering windows one `encode` call may cut its contexts into (None: no
+            limit); tokenising stops, with a 413 `RequestError`, as soon as a request passes it.
     """
 
     def __init__(
@@ -72,8 +74,10 @@ class ArtifactSession:
         verify: bool = True,
         spinning: bool = True,
         trust_key: str | Path | None = None,
+        max_windows: int | None = None,
     ) -> None:
         self.path = Path(artifact)
+        self.max_windows = max_windows
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
         if verify:
@@ -118,12 +122,17 @@ class ArtifactSession:
 
         Raises:
             ArtifactError: items of the wrong type for the artifact (pairs for a single-text one, ...).
-            RequestError: a question that leaves its context no room in a window (422).
+            RequestError: a question that leaves its context no room in a window (422); more windows than
+                `max_windows` (413).
         """
         if self.kind == QA:
             if not all(isinstance(q, Question) for q in items):
                 raise ArtifactError(f"{self.path} answers questions: pass serving.validation.Question items")
-            return [QuestionWindow(i, w) for i, q in enumerate(items) for w in self._windows(q)]
+            windows: list[QuestionWindow] = []
+            for i, q in enumerate(items):
+                windows += [QuestionWindow(i, w) for w in self._windows(q)]
+                check_windows(len(windows), self.max_windows, done=i + 1 == len(items))
+            return windows
         if any(isinstance(t, tuple) != self.pair for t in items):
             want = "(text, text_pair) tuples" if self.pair else "strings"
             raise ArtifactError(f"{self.path} reads {'sentence pairs' if self.pair else 'single texts'}: pass {want}")
@@ -202,6 +211,16 @@ class ArtifactSession:
         """`answer` of `items`, tokenised and run here."""
         encoded = self.encode(items)
         return self.answer(items, encoded, self.run(encoded), top_k, max_answer_len)
+
+
+def check_windows(windows: int, limit: int | None, done: bool = True) -> None:
+    """Refuse a request that cuts its contexts into more than `limit` windows (`done`: all of them counted)."""
+    if limit is not None and windows > limit:
+        counted = f"{windows}" if done else f"at least {windows}"
+        raise RequestError(
+            413, f"the contexts make {counted} windows of the model's max tokens; at most {limit} per request "
+            "(shorter or fewer contexts)", "too_many_windows",
+        )  # fmt: skip
 
 
 def _encoding(item: Encoding | QuestionWindow) -> Encoding:

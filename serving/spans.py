@@ -26,6 +26,10 @@ from tokenizers import Encoding, Tokenizer
 # The longest answer decoded, in tokens: transformers' run_qa default for SQuAD (its pipeline's is 15). The project
 # evaluates with it, and the server answers with it unless a request asks for another.
 MAX_ANSWER_LEN = 30
+# The most answers a question-answering request may ask for (transformers' pipeline only checks top_k >= 1). Each
+# window decodes 2 x top_k + 10 spans, so a request's decoding grows with it; 20 answers is past any ranked list a
+# reader looks at.
+MAX_TOP_K = 20
 
 
 def window_stride(max_length: int) -> int:
@@ -54,7 +58,9 @@ def windowing(tokenizer: Tokenizer, max_length: int, stride: int) -> Tokenizer:
 def question_windows(windowing_tokenizer: Tokenizer, question: str, context: str, cls_id: int | None) -> list[Window]:
     """The windows of `context` after `question`, cut by a `windowing` tokenizer (`cls_id`: the tokenizer's
     classification token, which stays a candidate as in the pipeline)."""
-    first = windowing_tokenizer.encode(question, context)
+    # encode_batch lets go of the GIL while the Rust tokenizer works (encode holds it): a long context's windows
+    # take milliseconds, which on a server would hold up every other thread, the event loop's included.
+    (first,) = windowing_tokenizer.encode_batch([(question, context)])
     return [window_of(enc, cls_id) for enc in [first, *first.overflowing]]
 
 
@@ -114,18 +120,20 @@ def best_answers(
     top_k: int = 1,
 ) -> list[dict]:
     """The `top_k` answers as {"score", "start", "end", "answer"}, best first (character offsets into `context`)."""
-    answers: list[dict] = []
+    # The pipeline adds a span's score to the first answer whose text equals it ignoring case, found by a scan of
+    # every answer so far; indexed by that key, the merge is linear and its result the same.
+    answers: dict[str, dict] = {}
     for window, start, end in zip(windows, start_logits, end_logits, strict=True):
         spans = _window_spans(np.asarray(start), np.asarray(end), window.allowed, 2 * top_k + 10, max_answer_len)
         for s, e, score in spans:
             first, last = _word_chars(window.encoding, s, e)
             text = context[first:last]
-            same = next((a for a in answers if a["answer"].lower() == text.lower()), None)
+            same = answers.get(text.lower())
             if same is not None:
                 same["score"] += score.item()
             else:
-                answers.append({"score": score.item(), "start": first, "end": last, "answer": text})
-    return sorted(answers, key=lambda a: a["score"], reverse=True)[:top_k]
+                answers[text.lower()] = {"score": score.item(), "start": first, "end": last, "answer": text}
+    return sorted(answers.values(), key=lambda a: a["score"], reverse=True)[:top_k]
 
 
 def _bi_tag(label: str) -> tuple[str, str]:

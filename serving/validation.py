@@ -17,7 +17,7 @@ from typing import Any
 
 from serving.artifact import QA, SEQUENCE, TOKEN
 from serving.binary import BinaryError, read_bytes_tensor
-from serving.spans import MAX_ANSWER_LEN
+from serving.spans import MAX_ANSWER_LEN, MAX_TOP_K
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 INPUT_NAME, PAIR_INPUT_NAME = "text", "text_pair"
@@ -266,7 +266,8 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = 
         _unknown_keys(params, ("top_k", "max_answer_len"), "'parameters'")
         questions = _questions(items, "inputs", limits, single)
         max_answer_len = _positive(params, "max_answer_len", MAX_ANSWER_LEN, nullable=False)
-        return PredictRequest(questions, single, _positive(params, "top_k", 1), "softmax", max_answer_len)
+        top_k = _positive(params, "top_k", 1, most=MAX_TOP_K)
+        return PredictRequest(questions, single, top_k, "softmax", max_answer_len)
     if kind == TOKEN:
         _unknown_keys(params, ("aggregation_strategy",), "'parameters'")
         strategy = params.get("aggregation_strategy", "simple")
@@ -290,11 +291,12 @@ def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = 
     return PredictRequest(texts, single, top_k, function)
 
 
-def _positive(params: dict, name: str, default: int, nullable: bool = True) -> int | None:
+def _positive(params: dict, name: str, default: int, nullable: bool = True, most: int | None = None) -> int | None:
     value = params.get(name, default)
-    if (value is None and nullable) or (type(value) is int and value >= 1):
+    if (value is None and nullable) or (type(value) is int and 1 <= value <= (most or value)):
         return value
-    wanted = "a positive integer or null" if nullable else "a positive integer"
+    wanted = "a positive integer" if most is None else f"an integer from 1 to {most}"
+    wanted += " or null" if nullable else ""
     raise RequestError(422, f"'parameters.{name}' must be {wanted}, not {value!r}"[:300], "bad_parameter")
 
 
