@@ -78,6 +78,58 @@ def test_a_bad_corpus_is_one_line(tmp_path, make, needle):
     assert "\n" not in str(e.value)
 
 
+def test_an_over_long_line_becomes_several_texts_each_within_the_cap(tmp_path):
+    from pipeline.data.corpus import MAX_LINE_CHARS
+
+    prose = " ".join(SENTENCES)
+    long = (prose * (3 * MAX_LINE_CHARS // len(prose) + 2))[: 3 * MAX_LINE_CHARS + 17]
+    root = tmp_path / "c"
+    root.mkdir()
+    unspaced = "é" * (MAX_LINE_CHARS + 5)  # two-byte characters, no space to cut at: cut at the cap
+    (root / "a.txt").write_text(f"short one\n{long}\n{unspaced}\nlast\n", encoding="utf-8")
+    texts = read_corpus(root).texts
+    assert texts[0] == "short one" and texts[-1] == "last"
+    assert all(len(t) <= MAX_LINE_CHARS for t in texts)
+    assert " ".join(texts[1:-3]) == " ".join(long.split()) and texts[-3:-1] == ["é" * MAX_LINE_CHARS, "é" * 5]
+
+
+CHILD = """
+import resource, sys
+from transformers import AutoTokenizer
+from pipeline.data.corpus import read_corpus
+from pipeline.data.encoding import encode_corpus
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+encoded = encode_corpus(tok, read_corpus(sys.argv[2]), 32)
+print(len(encoded.features), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // 1024)
+"""
+
+
+def test_a_corpus_of_one_huge_line_is_read_in_bounded_memory(tmp_path):
+    """One 10 MB line: tokenised whole it took 1.6 GB more (and one of 50 MB aborted the process in the tokenizer's
+    allocation); read in pieces and tokenised a block at a time, under 300 MB more."""
+    import subprocess
+    import sys
+
+    from tests.helpers import tiny_tokenizer
+
+    tiny_tokenizer("bert").save_pretrained(tmp_path / "tok")
+    prose = " ".join(SENTENCES) + " "
+    size = 10_000_000
+    (tmp_path / "c").mkdir()
+    with (tmp_path / "c" / "one.txt").open("w") as f:
+        for _ in range(size // len(prose)):
+            f.write(prose)
+        f.write("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "tok"), str(tmp_path / "c")],
+        capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    texts, grew_mb = map(int, out.stdout.split())
+    assert texts >= size // 10_000 and grew_mb < 300, (texts, grew_mb)
+
+
 # -- the student ---------------------------------------------------------------------------------------------
 
 

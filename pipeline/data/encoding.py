@@ -56,9 +56,20 @@ def encode(tokenizer, split: AnySplit, max_length: int, stride: int | None = Non
     return _encode_texts(tokenizer, list(zip(*split.texts, strict=True)), list(split.labels), max_length)
 
 
+# Paragraphs tokenised at a time: the tokenizer holds every token of its batch before truncating, so a corpus
+# tokenised whole would cost tens of bytes per character of the corpus at once.
+CORPUS_BLOCK = 256
+
+
 def encode_corpus(tokenizer, corpus: Corpus, max_length: int) -> Encoded:
-    """Each paragraph of a general-distillation corpus as one example, truncated at `max_length` tokens; no labels."""
-    return _encode_texts(tokenizer, [corpus.texts], [None] * len(corpus), max_length)
+    """Each paragraph of a general-distillation corpus as one example, truncated at `max_length` tokens; no labels.
+    Tokenised `CORPUS_BLOCK` paragraphs at a time, so memory holds the truncated examples, not the whole text's
+    tokens."""
+    features = []
+    for at in range(0, len(corpus), CORPUS_BLOCK):
+        block = corpus.texts[at : at + CORPUS_BLOCK]
+        features += _encode_texts(tokenizer, [block], [None] * len(block), max_length).features
+    return Encoded(features, [None] * len(corpus), tokenizer.pad_token_id or 0)
 
 
 def _encode_texts(tokenizer, columns: list, labels: list, max_length: int) -> Encoded:
