@@ -286,6 +286,20 @@ def test_distill_general_help_names_every_packaged_recipe():
     assert sorted(named) == sorted(p.stem for p in (RECIPES_DIR / "general").glob("*.yaml"))
 
 
+def test_distill_general_refuses_zero_steps_in_one_line(tmp_path):
+    """`--steps 0` used to publish the student cut from the teacher, untrained, as a general student."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from tests.helpers import assert_one_line_error
+
+    args = ["distill-general", "--corpus", str(corpus_dir(tmp_path / "c")), "--output", str(tmp_path / "s"),
+            "--steps", "0", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert_one_line_error(result, "train.max_steps must be at least 1 for general distillation, not 0")
+    assert not (tmp_path / "s").exists() and not (tmp_path / "cache").exists()
+
+
 @pytest.mark.e2e
 def test_distill_general_then_deploy_on_its_student(base_dirs, tmp_path):
     import subprocess

@@ -274,6 +274,10 @@ class GeneralConfig(TransferLosses):
     def _some_signal(self) -> GeneralConfig:
         if not (self.relation or self.hidden or self.direct):
             raise ValueError("relation, hidden and direct are all 0: nothing to distil")
+        if self.train.max_steps < 1:  # 0 would publish the cut teacher as if it had been distilled
+            raise ValueError(
+                f"train.max_steps must be at least 1 for general distillation, not {self.train.max_steps}"
+            )
         if self.train.layer_kd:  # a task-phase loss: general distillation has no task phase
             raise ValueError(
                 "train.layer_kd applies to task training; general distillation's hidden-state loss is `hidden`"
