@@ -111,7 +111,26 @@ def check_integrity(artifact: str | Path, required: tuple[str, ...] = ()) -> Non
 def _hashing():
     from model_signing import hashing
 
-    return hashing.Config().set_ignored_paths(paths=[SIGNATURE])
+    # Nothing but the signature itself is left out: the library would skip git's files (.git/, .gitignore,
+    # .gitattributes, .github/) by default, and an artifact with such a file added would still verify.
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE], ignore_git_paths=False)
+
+
+KEY_TYPES = "elliptic-curve keys (PEM: P-256, P-384 or P-521)"
+
+
+def _check_public_key(public_key: str | Path) -> None:
+    """Refuse a trusted key that is not an elliptic-curve public key, naming what it is."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        key = load_pem_public_key(Path(public_key).read_bytes())
+    except (OSError, ValueError, TypeError) as e:
+        raise ArtifactError(f"trusted key {public_key}: {_first_line(e)}; supported: {KEY_TYPES}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        kind = type(key).__name__.removeprefix("_").replace("PublicKey", "")
+        raise ArtifactError(f"trusted key {public_key} is not an elliptic-curve key ({kind}); supported: {KEY_TYPES}")
 
 
 def sign(artifact: str | Path, private_key: str | Path) -> Path:
@@ -138,7 +157,8 @@ def check_signing_key(private_key: str | Path) -> None:
     except (OSError, ValueError, TypeError) as e:
         raise ArtifactError(f"signing key {private_key}: {_first_line(e)}") from None
     if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ArtifactError(f"signing key {private_key} is not an elliptic-curve private key (PEM)")
+        kind = type(key).__name__.removeprefix("_").replace("PrivateKey", "")
+        raise ArtifactError(f"signing key {private_key} is not an elliptic-curve key ({kind}); supported: {KEY_TYPES}")
 
 
 def verify_signature(artifact: str | Path, public_key: str | Path) -> None:
@@ -148,6 +168,7 @@ def verify_signature(artifact: str | Path, public_key: str | Path) -> None:
     artifact = Path(artifact)
     if not (artifact / SIGNATURE).is_file():
         raise ArtifactError(f"{artifact} is not signed (no {SIGNATURE}), and a trusted key was given")
+    _check_public_key(public_key)
     try:
         config = verifying.Config().use_elliptic_key_verifier(public_key=Path(public_key))
     except (OSError, ValueError, TypeError) as e:

@@ -136,3 +136,41 @@ def test_python_m_serving_refuses_an_unsigned_artifact_with_a_trusted_key(keys, 
     assert result.returncode == 2
     expected = f"error: refusing to serve: {unsigned} is not signed (no model.sig), and a trusted key was given"
     assert result.stderr.strip().splitlines() == [expected]
+
+
+@pytest.mark.parametrize("added", ["notes.txt", ".gitignore", ".gitattributes", ".git/config", ".github/x.yml"])
+def test_any_added_file_is_refused_git_files_too(signed, keys, added):
+    """The signing library skips git's files unless told not to: an added .gitignore or .git/ verified."""
+    path = signed / added
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("added\n")
+    with pytest.raises(ArtifactError, match="signature does not verify"):
+        verify(signed, trust_key=keys["mine"][1])
+
+
+def _rsa_pair(folder: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private, public = folder / "rsa.pem", folder / "rsa.pub.pem"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private, public
+
+
+def test_an_rsa_key_is_refused_naming_the_supported_types(signed, tmp_path):
+    from serving.artifact import check_signing_key
+
+    private, public = _rsa_pair(tmp_path)
+    with pytest.raises(ArtifactError, match=r"is not an elliptic-curve key \(RSA\); supported: elliptic-curve keys \(PEM") as err:
+        verify(signed, trust_key=public)
+    assert "\n" not in str(err.value) and "curve'" not in str(err.value)
+    with pytest.raises(ArtifactError, match=r"is not an elliptic-curve key \(RSA\)"):
+        check_signing_key(private)
+    result = CliRunner().invoke(app, ["evaluate", str(signed), "--trust-key", str(public)])
+    assert_one_line_error(result, "is not an elliptic-curve key (RSA); supported: elliptic-curve keys")
