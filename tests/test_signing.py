@@ -167,7 +167,8 @@ def test_an_rsa_key_is_refused_naming_the_supported_types(signed, tmp_path):
     from serving.artifact import check_signing_key
 
     private, public = _rsa_pair(tmp_path)
-    with pytest.raises(ArtifactError, match=r"is not an elliptic-curve key \(RSA\); supported: elliptic-curve keys \(PEM") as err:
+    refused = r"is not an elliptic-curve key \(RSA\); supported: elliptic-curve keys \(PEM"
+    with pytest.raises(ArtifactError, match=refused) as err:
         verify(signed, trust_key=public)
     assert "\n" not in str(err.value) and "curve'" not in str(err.value)
     with pytest.raises(ArtifactError, match=r"is not an elliptic-curve key \(RSA\)"):
