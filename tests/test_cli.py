@@ -129,12 +129,39 @@ def test_steps_is_every_trained_stage_budget(method, tmp_path):
     assert [request.config.config[name]["train"]["max_steps"] for name in names] == [7] * len(names)
 
 
-@pytest.mark.parametrize("how", ["config", "weights"])
-def test_corrupt_model_folder(base_dirs, tmp_path, how):
+@pytest.mark.parametrize(("how", "needle"), [("config", "config.json:1: not valid JSON"), ("weights", "corrupt")])
+def test_corrupt_model_folder(base_dirs, tmp_path, how, needle):
     bad = _corrupt_copy(base_dirs["bert"], tmp_path / "bad", how)
     assert_one_line_error(
-        cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), "corrupt"
+        cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out"), needle
     )
+    assert not Path("out").exists()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError, not JSONDecodeError
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda c: DEEP, "config.json: not valid JSON here (nested too deeply)"),
+        (lambda c: json.dumps([c]), "config.json must be a JSON object, not a list"),
+        (lambda c: json.dumps({**c, "num_attention_heads": 0}), "num_attention_heads must be a positive integer"),
+        (lambda c: json.dumps({**c, "num_attention_heads": 3}), "3 does not divide its hidden_size"),
+        (lambda c: json.dumps({**c, "num_hidden_layers": 0}), "num_hidden_layers must be a positive integer, not 0"),
+        (lambda c: json.dumps({**c, "hidden_size": "32"}), "hidden_size must be a positive integer, not '32'"),
+        (lambda c: json.dumps({k: v for k, v in c.items() if k != "intermediate_size"}), "has no intermediate_size"),
+    ],
+)  # fmt: skip
+def test_a_model_config_that_cannot_build_a_model_is_one_line(base_dirs, tmp_path, change, needle):
+    """Each was a traceback (RecursionError, AttributeError on a list), or a 0-layer teacher fine-tuned and then a
+    crash while saving it: now exit 2 and one line, before any work."""
+    import shutil
+
+    bad = Path(shutil.copytree(base_dirs["bert"], tmp_path / "bad"))
+    (bad / "config.json").write_text(change(json.loads((bad / "config.json").read_text())))
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out")
+    assert_one_line_error(result, needle)
     assert not Path("out").exists()
 
 

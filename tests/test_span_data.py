@@ -180,6 +180,13 @@ def test_jsonl_questions_take_either_answer_layout(tmp_path):
     assert [q.answers for q in read_qa(path).questions] == [(("won", 7),), (("Denver", 0),)]
 
 
+def test_a_squad_file_nested_too_deeply_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(PipelineError, match=r"deep\.json: not valid JSON here \(nested too deeply\)"):
+        read_qa(path)
+
+
 @pytest.mark.parametrize(
     ("doc", "needle"),
     [

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.jsonfile import parse_json
 
 
 def describe(value) -> str:
@@ -20,10 +20,7 @@ def json_records(path: Path, lines: Iterable[str], fields: tuple[str, ...]) -> I
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PipelineError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        obj = parse_json(line, str(path), lineno)
         if not isinstance(obj, dict):
             raise PipelineError(f"{path}:{lineno}: expected a JSON object, got {describe(obj)}")
         missing = [c for c in fields if c not in obj]

@@ -11,13 +11,13 @@ takes the best over all of them, as the official script does.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.data.jsonl import describe, json_records
 from pipeline.errors import PipelineError
+from pipeline.jsonfile import parse_json
 from pipeline.paths import read_utf8
 
 
@@ -81,10 +81,7 @@ def _unique(questions: list[Question], source: object) -> QASplit:
 
 
 def _from_squad_json(path: Path, text: str) -> list[Question]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PipelineError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    doc = parse_json(text, str(path))
     if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
         raise PipelineError(f"{path}: expected SQuAD JSON, an object whose 'data' is a list of articles")
     questions = []

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import PipelineError, one_line
+from pipeline.jsonfile import read_json_object
 from serving.artifact import kind_of_class
 
 if TYPE_CHECKING:
@@ -75,15 +76,13 @@ def check_model_dir(path: str | Path, need_tokenizer: bool = True) -> dict:
     path = Path(path)
     if not path.is_dir():
         raise PipelineError(f"model folder not found: {path}")
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: no config.json, not a Hugging Face model folder") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PipelineError(f"{path}/config.json is corrupt: {e}") from None
+    if not (path / "config.json").is_file():
+        raise PipelineError(f"{path}: no config.json, not a Hugging Face model folder")
+    config = read_json_object(path / "config.json")
     from pipeline.models.families import family_for  # torch: not for commands that never read a model
 
-    problem = family_for(config.get("model_type"), str(path)).check(config)
+    family = family_for(config.get("model_type"), str(path))
+    problem = family.shape_problem(config) or family.check(config)
     if problem:
         raise PipelineError(f"{path}: {problem}")
     if not (path / WEIGHTS).is_file():

@@ -61,6 +61,8 @@ class Family:
     narrows_from_teacher: bool = True  # a student of fewer heads a layer can be cut from it at a narrower hidden size
     layers_field: str = "num_hidden_layers"
     ffn_field: str = "intermediate_size"  # the uniform width in its config (the widest layer once compacted)
+    heads_field: str = "num_attention_heads"
+    hidden_field: str = "hidden_size"
 
     # -- shapes ------------------------------------------------------------------------------------------------
 
@@ -134,4 +136,18 @@ class Family:
 
     def check(self, config: dict[str, Any]) -> str | None:
         """Why this family cannot take a model with this config (None: it can)."""
+        return None
+
+    def shape_problem(self, config: dict[str, Any]) -> str | None:
+        """Why a `config.json`'s shape cannot build a model (None: it can): a count that is missing, not a positive
+        integer, or heads that do not divide the hidden size (unless the config gives the head size). Transformers
+        would build a 0-layer model, or fail in a reshape, long after a run started."""
+        for key in (self.layers_field, self.heads_field, self.hidden_field, self.ffn_field):
+            if key not in config:
+                return f"config.json has no {key}"
+            if type(config[key]) is not int or config[key] < 1:
+                return f"config.json's {key} must be a positive integer, not {config[key]!r}"[:300]
+        heads, hidden = config[self.heads_field], config[self.hidden_field]
+        if not config.get("attention_head_size") and hidden % heads:
+            return f"config.json's {self.heads_field} {heads} does not divide its {self.hidden_field} {hidden}"
         return None

@@ -30,6 +30,8 @@ class DistilBert(Family):
     token_types = False
     layers_field = "n_layers"
     ffn_field = "hidden_dim"
+    heads_field = "n_heads"
+    hidden_field = "dim"
 
     def config(self, model_type: str, layers: int, heads: int, hidden: int, ffn: int, **fields: Any) -> Any:
         from transformers import DistilBertConfig
