@@ -165,6 +165,28 @@ def test_a_model_config_that_cannot_build_a_model_is_one_line(base_dirs, tmp_pat
     assert not Path("out").exists()
 
 
+@pytest.mark.parametrize(
+    ("model_type", "needle"),
+    [
+        ("deberta-v2", "the weights are not those of a deberta-v2 model (config.json's model_type): "),
+        ("modernbert", "the weights are not those of a modernbert model"),
+        ("electra", "the weights disagree with config.json: embeddings.LayerNorm.bias (32,) vs (128,)"),
+    ],
+)
+def test_weights_of_another_family_are_refused_before_any_work(base_dirs, tmp_path, model_type, needle):
+    """BERT's weights under a config naming another family: transformers' "state dictionary corrupted" inside the
+    teacher stage, once Prefect had started (or a randomly initialised model); now one line up front. (RoBERTa's
+    module names and shapes are BERT's: its weights load, so that pair cannot be told apart from the files.)"""
+    import shutil
+
+    bad = Path(shutil.copytree(base_dirs["bert"], tmp_path / "bad"))
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--model", str(bad), "--output", "out")
+    assert_one_line_error(result, needle)
+    assert not Path("out").exists()
+
+
 def test_teacher_must_be_a_classifier(base_dirs):
     result = cli_deploy(
         "--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out"

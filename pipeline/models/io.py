@@ -102,13 +102,26 @@ def check_weights_agree(path: str | Path) -> None:
         model = (auto_class(kind) if kind else AutoModel).from_config(config)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     prefix = model.base_model_prefix + "."
+    header = safetensors_header(Path(path) / "model.safetensors")
     wrong = []
-    for key, tensor in safetensors_header(Path(path) / "model.safetensors").items():
+    for key, tensor in header.items():
         name = key if key in expected else prefix + key if prefix + key in expected else key.removeprefix(prefix)
         if name in expected and tuple(tensor["shape"]) != expected[name] and not name.startswith(f"{LABEL_HEAD}."):
             wrong.append(f"{key} {tuple(tensor['shape'])} vs {expected[name]}")
     if wrong:
         raise PipelineError(f"{path}: the weights disagree with config.json: {'; '.join(wrong[:3])}")
+    # Every weight of the encoder must be there, under its own name or the base model's prefix: weights of another
+    # family (BERT's under a config saying deberta-v2) match no name, and transformers would load them as a
+    # randomly initialised model or fail inside the teacher stage. A pooler and task heads may be new.
+    base = model.base_model.state_dict()
+    missing = [n for n in base if n not in header and prefix + n not in header and not n.startswith("pooler.")]
+    if missing:
+        unknown = sorted((k for k in header if k.removeprefix(prefix) not in base), key=lambda k: "weight" not in k)
+        raise PipelineError(
+            f"{path}: the weights are not those of a {config.model_type} model (config.json's model_type): "
+            f"{len(missing)} of its {len(base)} weights are missing (e.g. {', '.join(missing[:2])}); the file holds "
+            f"{len(unknown)} it does not know (e.g. {', '.join(unknown[:2]) or 'none'})"
+        )
 
 
 def load_model(path: str | Path) -> PreTrainedModel:
