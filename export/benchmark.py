@@ -20,6 +20,7 @@ import onnxruntime as ort
 import psutil
 
 from export.sessions import CPU, CUDA, make_session, physical_cores
+from pipeline import interrupts
 from pipeline.config.schema import BenchSettings
 
 
@@ -182,6 +183,7 @@ def _time_cell(sessions: dict, feeds: dict, cfg: BenchSettings) -> dict[str, lis
         while it < cfg.max_runs and not (
             it >= cfg.min_runs and time.perf_counter() - start > cfg.max_seconds_per_cell
         ):
+            interrupts.check()  # between rounds: a stop signal ends a long cell within one round
             # Round-robin, rotating the start so no model always follows the same one.
             for k in range(len(names)):
                 name = names[(it + k) % len(names)]
@@ -287,6 +289,7 @@ def real_lengths(
         for _ in range(rounds):
             spent = dict.fromkeys(names, 0.0)
             for i, f in enumerate(feeds):
+                interrupts.check()
                 for k in range(len(names)):
                     name = names[(i + k) % len(names)]
                     t0 = time.perf_counter()

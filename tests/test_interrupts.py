@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -316,3 +317,43 @@ def test_sigkill_of_a_sweep_leaves_no_process_behind(classifier_dirs, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert _gone_within(family, 30) == []
+
+
+def _recorded(signum: int = signal.SIGTERM) -> None:
+    """The flag as the handler leaves it when its raise lands in the main thread while another thread scores or
+    times (Prefect runs a task in a worker thread): nothing raises there, so its loop must look."""
+    interrupts._received.append(signum)
+
+
+@pytest.mark.parametrize("loop", ["torch scoring", "onnx scoring", "benchmark cell", "real lengths"])
+def test_a_stop_signal_ends_scoring_and_timing_loops_between_batches(armed, tmp_path, loop):
+    """A stop during a long validation (a 200 KB QA context) or benchmark used to run it to the end: the grace
+    deadline ended the process. Every batch of a scoring pass and every round of a timing loop checks the flag."""
+    from export import benchmark
+    from export.parity import onnx_logits
+    from pipeline.config.schema import BenchSettings
+    from pipeline.data.encoding import Encoded
+    from pipeline.train.metrics import predict_logits
+    from tests.helpers import tiny_artifact, tiny_model
+
+    features = [{"input_ids": [2, 5 + i % 7, 3], "attention_mask": [1, 1, 1]} for i in range(64 * 5)]
+    enc = Encoded(features, [0] * len(features), 0)
+    if loop == "torch scoring":
+        model, calls = tiny_model("bert"), []
+        model.register_forward_pre_hook(lambda *_: calls.append(1) or (len(calls) == 1 and _recorded()))
+        with pytest.raises(interrupts.Interrupted):
+            predict_logits(model, enc, batch_size=64)
+        assert calls == [1]  # the first of five batches ran; the stop came before the second
+        return
+    graph = tiny_artifact(tmp_path) / "model.onnx"
+    _recorded()
+    with pytest.raises(interrupts.Interrupted):
+        if loop == "onnx scoring":
+            onnx_logits(graph, enc, batch_size=64)
+        elif loop == "benchmark cell":
+            cfg = BenchSettings(batch_sizes=[1], seq_lens=[8], warmup=0, min_runs=10, max_runs=10)
+            benchmark.benchmark({"dense": graph}, 100, cfg)
+        else:
+            batch = {n: np.full((2, 8), v, np.int64) for n, v in (("input_ids", 5), ("attention_mask", 1),
+                                                                 ("token_type_ids", 0))}  # fmt: skip
+            benchmark.real_lengths({"dense": graph}, [batch] * 4, rounds=3)

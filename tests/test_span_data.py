@@ -197,6 +197,7 @@ def test_a_squad_file_nested_too_deeply_is_one_line(tmp_path):
         (_squad(question=""), "(id q1): question is empty"),
         (_squad(answers=[{"text": "Denver", "answer_start": -1}]), "answer_start is -1; expected an offset"),
         ({"data": {}}, "expected SQuAD JSON"),
+        (_squad(context="Denver won. " * 2100), "context has 25,200 characters; at most 25,000 (split the document"),
     ],
 )  # fmt: skip
 def test_a_bad_squad_file_is_one_line_naming_file_question_and_field(tmp_path, doc, needle):

@@ -7,6 +7,9 @@ Every question needs at least one answer whose text occurs at its character offs
 has no unanswerable questions). A bad question is one error naming the file, where the question is (JSON: its
 path in the file and its id; JSONL: the line) and the field. Training uses a question's first answer; the metric
 takes the best over all of them, as the official script does.
+
+A context may hold at most `MAX_CONTEXT_CHARS` characters: each is cut into windows for every pass over it, and a
+200 KB one took gigabytes in validation; SQuAD v1.1's longest is 4,063.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from pipeline.data.jsonl import describe, json_records
 from pipeline.errors import PipelineError
 from pipeline.jsonfile import parse_json
 from pipeline.paths import read_utf8
+
+MAX_CONTEXT_CHARS = 25_000  # about 25 windows of 384 tokens; twice what the server takes in one text by default
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def read_qa(path: Path) -> QASplit:
 def question_rows(rows: Iterable[tuple[str, dict]], source: object) -> QASplit:
     """Questions from (where, row) pairs whose rows hold `id`, `question`, `context` and `answers` (a Hugging Face
     SQuAD split's rows); `where` names a row in errors, `source` the whole."""
-    return _unique([_question(row, _text(row.get("context"), f"{where}: context"), where) for where, row in rows],
+    return _unique([_question(row, _context(row.get("context"), f"{where}: context"), where) for where, row in rows],
                    source)  # fmt: skip
 
 
@@ -93,7 +98,7 @@ def _from_squad_json(path: Path, text: str) -> list[Question]:
             where = f"{path}: data[{a}].paragraphs[{p}]"
             if not isinstance(paragraph, dict):
                 raise PipelineError(f"{where} must be an object with 'context' and 'qas'")
-            context = _text(paragraph.get("context"), f"{where}.context")
+            context = _context(paragraph.get("context"), f"{where}.context")
             qas = paragraph.get("qas")
             if not isinstance(qas, list):
                 raise PipelineError(f"{where}.qas must be a list of questions")
@@ -109,7 +114,7 @@ def _from_squad_json(path: Path, text: str) -> list[Question]:
 def _from_jsonl(path: Path, text: str) -> list[Question]:
     fields = ("id", "question", "context", "answers")
     return [
-        _question(obj, _text(obj["context"], f"{path}:{n}: context"), f"{path}:{n}")
+        _question(obj, _context(obj["context"], f"{path}:{n}: context"), f"{path}:{n}")
         for n, obj in json_records(path, text.splitlines(), fields)
     ]
 
@@ -148,6 +153,17 @@ def _answers(raw, where: str):
             raise PipelineError(f"{where}: answers[{k}].answer_start is {start!r}; expected an "
                                 "offset (an integer >= 0)")  # fmt: skip
         yield text, start
+
+
+def _context(value, field: str) -> str:
+    """A non-blank context of at most `MAX_CONTEXT_CHARS` characters."""
+    context = _text(value, field)
+    if len(context) > MAX_CONTEXT_CHARS:
+        raise PipelineError(
+            f"{field} has {len(context):,} characters; at most {MAX_CONTEXT_CHARS:,} (split the document into "
+            "passages)"
+        )
+    return context
 
 
 def _text(value, field: str) -> str:
