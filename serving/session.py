@@ -29,7 +29,15 @@ from serving.artifact import (
 )
 from serving.artifact import verify as verify_artifact
 from serving.bounded import BoundedTokenizer
-from serving.spans import MAX_ANSWER_LEN, Window, best_answers, entity_groups, question_windows, window_stride
+from serving.spans import (
+    MAX_ANSWER_LEN,
+    Window,
+    best_answers,
+    entity_groups,
+    question_encodings,
+    window_of,
+    window_stride,
+)
 from serving.spans import windowing as windowing_tokenizer
 from serving.validation import Question, RequestError, Text
 
@@ -128,19 +136,19 @@ class ArtifactSession:
         if self.kind == QA:
             if not all(isinstance(q, Question) for q in items):
                 raise ArtifactError(f"{self.path} answers questions: pass serving.validation.Question items")
-            windows: list[QuestionWindow] = []
-            for i, q in enumerate(items):
-                windows += [QuestionWindow(i, w) for w in self._windows(q)]
-                check_windows(len(windows), self.max_windows, done=i + 1 == len(items))
-            return windows
+            encodings: list[tuple[int, Encoding]] = []
+            for i, q in enumerate(items):  # counted before any window is built: a refused request costs little
+                encodings += [(i, e) for e in self._encodings(q)]
+                check_windows(len(encodings), self.max_windows, done=i + 1 == len(items))
+            return [QuestionWindow(i, window_of(e, self.cls_id)) for i, e in encodings]
         if any(isinstance(t, tuple) != self.pair for t in items):
             want = "(text, text_pair) tuples" if self.pair else "strings"
             raise ArtifactError(f"{self.path} reads {'sentence pairs' if self.pair else 'single texts'}: pass {want}")
         return self.encoder.encode_batch(items)
 
-    def _windows(self, q: Question) -> list[Window]:
+    def _encodings(self, q: Question) -> list[Encoding]:
         try:
-            return question_windows(self.windowing, q.question, q.context, self.cls_id)
+            return question_encodings(self.windowing, q.question, q.context)
         except Exception:  # the Rust tokenizer's truncation error: the question alone fills the window
             room = len(self.tokenizer.encode(q.question, "").ids)
             raise RequestError(

@@ -55,13 +55,18 @@ def windowing(tokenizer: Tokenizer, max_length: int, stride: int) -> Tokenizer:
     return tok
 
 
-def question_windows(windowing_tokenizer: Tokenizer, question: str, context: str, cls_id: int | None) -> list[Window]:
-    """The windows of `context` after `question`, cut by a `windowing` tokenizer (`cls_id`: the tokenizer's
-    classification token, which stays a candidate as in the pipeline)."""
+def question_encodings(windowing_tokenizer: Tokenizer, question: str, context: str) -> list[Encoding]:
+    """The encodings of the windows of `context` after `question`, cut by a `windowing` tokenizer."""
     # encode_batch lets go of the GIL while the Rust tokenizer works (encode holds it): a long context's windows
     # take milliseconds, which on a server would hold up every other thread, the event loop's included.
     (first,) = windowing_tokenizer.encode_batch([(question, context)])
-    return [window_of(enc, cls_id) for enc in [first, *first.overflowing]]
+    return [first, *first.overflowing]
+
+
+def question_windows(windowing_tokenizer: Tokenizer, question: str, context: str, cls_id: int | None) -> list[Window]:
+    """The windows of `context` after `question`, cut by a `windowing` tokenizer (`cls_id`: the tokenizer's
+    classification token, which stays a candidate as in the pipeline)."""
+    return [window_of(enc, cls_id) for enc in question_encodings(windowing_tokenizer, question, context)]
 
 
 def window_of(encoding: Encoding, cls_id: int | None) -> Window:

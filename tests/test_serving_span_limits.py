@@ -208,8 +208,8 @@ def test_the_session_stops_tokenising_once_past_the_cap(sessions):
     capped = ArtifactSession(sessions["question-answering"].path, max_windows=3)
     items = [Question(QUESTION, c) for c in _contexts(64, 4000)]
     calls = []
-    original = capped._windows
-    capped._windows = lambda q: calls.append(q) or original(q)
+    original = capped._encodings
+    capped._encodings = lambda q: calls.append(q) or original(q)
     with pytest.raises(RequestError, match=r"at least \d+ windows of the model's max tokens; at most 3") as e:
         capped.encode(items)
     assert e.value.status == 413 and len(calls) == 1  # the first context alone passes the cap
