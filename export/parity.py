@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from export.sessions import make_session
+from pipeline import interrupts
 from pipeline.data.encoding import Encoded, iter_batches
 from pipeline.train.metrics import join_rows, longest, output_rows
 
@@ -23,6 +24,7 @@ def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndar
     outputs = [o.name for o in session.get_outputs()]
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
+        interrupts.check()  # a stop during a long validation ends it within a batch
         values = session.run(outputs, {n: batch[n].numpy() for n in names})
         named = SimpleNamespace(**{k: torch.from_numpy(v) for k, v in zip(outputs, values, strict=True)})
         out.append(output_rows(named, batch, width))

@@ -119,18 +119,21 @@ def _hashing():
 KEY_TYPES = "elliptic-curve keys (PEM: P-256, P-384 or P-521)"
 
 
-def _check_public_key(public_key: str | Path) -> None:
-    """Refuse a trusted key that is not an elliptic-curve public key, naming what it is."""
+def _read_key(path: str | Path, private: bool) -> None:
+    """Refuse a key file that cannot be read, or whose key is not an elliptic-curve one, naming what it is."""
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
 
+    what = "signing key" if private else "trusted key"
     try:
-        key = load_pem_public_key(Path(public_key).read_bytes())
+        data = Path(path).read_bytes()
+        key = load_pem_private_key(data, password=None) if private else load_pem_public_key(data)
     except (OSError, ValueError, TypeError) as e:
-        raise ArtifactError(f"trusted key {public_key}: {_first_line(e)}; supported: {KEY_TYPES}") from None
-    if not isinstance(key, ec.EllipticCurvePublicKey):
-        kind = type(key).__name__.removeprefix("_").replace("PublicKey", "")
-        raise ArtifactError(f"trusted key {public_key} is not an elliptic-curve key ({kind}); supported: {KEY_TYPES}")
+        raise ArtifactError(f"{what} {path}: {_first_line(e)}; supported: {KEY_TYPES}") from None
+    wanted = ec.EllipticCurvePrivateKey if private else ec.EllipticCurvePublicKey
+    if not isinstance(key, wanted):
+        kind = type(key).__name__.removeprefix("_").removesuffix("PrivateKey").removesuffix("PublicKey")
+        raise ArtifactError(f"{what} {path} is not an elliptic-curve key ({kind}); supported: {KEY_TYPES}")
 
 
 def sign(artifact: str | Path, private_key: str | Path) -> Path:
@@ -149,16 +152,7 @@ def sign(artifact: str | Path, private_key: str | Path) -> Path:
 
 def check_signing_key(private_key: str | Path) -> None:
     """Refuse, before any work, a signing key that is missing or not an unencrypted elliptic-curve private key."""
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        key = load_pem_private_key(Path(private_key).read_bytes(), password=None)
-    except (OSError, ValueError, TypeError) as e:
-        raise ArtifactError(f"signing key {private_key}: {_first_line(e)}") from None
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        kind = type(key).__name__.removeprefix("_").replace("PrivateKey", "")
-        raise ArtifactError(f"signing key {private_key} is not an elliptic-curve key ({kind}); supported: {KEY_TYPES}")
+    _read_key(private_key, private=True)
 
 
 def verify_signature(artifact: str | Path, public_key: str | Path) -> None:
@@ -168,7 +162,7 @@ def verify_signature(artifact: str | Path, public_key: str | Path) -> None:
     artifact = Path(artifact)
     if not (artifact / SIGNATURE).is_file():
         raise ArtifactError(f"{artifact} is not signed (no {SIGNATURE}), and a trusted key was given")
-    _check_public_key(public_key)
+    _read_key(public_key, private=False)
     try:
         config = verifying.Config().use_elliptic_key_verifier(public_key=Path(public_key))
     except (OSError, ValueError, TypeError) as e:

@@ -34,6 +34,22 @@ def client():
 
 
 @pytest.fixture(scope="session")
+def artifact(tmp_path_factory):
+    """The tiny published SST-2 artifact the serving tests share (built once per session and worker)."""
+    from tests.helpers import tiny_artifact
+
+    return tiny_artifact(tmp_path_factory.getbasetemp() / "serving")
+
+
+@pytest.fixture(scope="session")
+def session(artifact):
+    """The artifact's ONNX Runtime session."""
+    from serving.session import ArtifactSession
+
+    return ArtifactSession(artifact)
+
+
+@pytest.fixture(scope="session")
 def base_dirs(tmp_path_factory):
     """Bare tiny encoders (like hub base models) for BERT and RoBERTa."""
     from tests.helpers import write_tiny_model_dir

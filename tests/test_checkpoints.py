@@ -5,7 +5,7 @@ entry."""
 import pytest
 import torch
 
-from pipeline import checkpoints, interrupts
+from pipeline import checkpoints
 from pipeline.data.loaders import DataRef
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_model
@@ -33,6 +33,10 @@ class Killed(Exception):
 
 def kill_after(monkeypatch, steps: int) -> dict:
     """Training steps from now on raise `Killed` after `steps` of them (until `limit` is lifted)."""
+    from types import SimpleNamespace
+
+    from pipeline.train import loop
+
     calls = {"n": 0, "limit": steps}
 
     def check() -> None:
@@ -40,7 +44,8 @@ def kill_after(monkeypatch, steps: int) -> dict:
         if calls["n"] > calls["limit"]:
             raise Killed
 
-    monkeypatch.setattr(interrupts, "check", check)
+    # the training loop's check, once a step: scoring passes (validation inside a stage) check for a stop too
+    monkeypatch.setattr(loop, "interrupts", SimpleNamespace(check=check))
     return calls
 
 

@@ -29,21 +29,8 @@ from tests.helpers import (
     json_error,
     metric_samples,
     sample_sentences,
-    tiny_artifact,
     wait_until,
 )
-
-
-@pytest.fixture(scope="session")
-def artifact(tmp_path_factory):
-    return tiny_artifact(tmp_path_factory.getbasetemp() / "serving")
-
-
-@pytest.fixture(scope="session")
-def session(artifact):
-    from serving.session import ArtifactSession
-
-    return ArtifactSession(artifact)
 
 
 @pytest.fixture(scope="module")
@@ -405,6 +392,22 @@ def test_pipeline_serve_and_python_m_serving_share_one_set_of_options():
     assert result.returncode == 0 and result.stdout.startswith("usage: pipeline serve"), result.stderr
     assert sorted(set(re.findall(r"--[a-z-]+", result.stdout))) == options("python -m serving")[0]
     assert "--max-batch" in result.stdout and "--graceful-timeout" in result.stdout
+
+
+def test_every_server_setting_has_one_option_and_round_trips(monkeypatch):
+    """The options table (serving/cli.py) names every ServerConfig field once; parsed, each lands in its field."""
+    import dataclasses
+
+    monkeypatch.delenv("SERVING_API_KEY", raising=False)
+    from serving.cli import OPTIONS, config_from_args, parser
+    from serving.config import ServerConfig
+
+    fields = [f.name for f in dataclasses.fields(ServerConfig) if f.name != "artifact"]
+    assert sorted(field for field, _, _ in OPTIONS) == sorted(fields)
+    config = config_from_args(parser().parse_args([".", "--max-windows", "7", "--graceful-timeout", "2.5",
+                                                   "--access-log", "--port", "0"]))  # fmt: skip
+    assert (config.max_windows, config.graceful_timeout_s, config.access_log, config.port) == (7, 2.5, True, 0)
+    assert config_from_args(parser().parse_args(["."])) == ServerConfig(artifact=".")
 
 
 def test_serving_imports_no_training_dependencies():

@@ -18,7 +18,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from serving.artifact import QA, SEQUENCE, TOKEN
 from serving.validation import Limits, Question, RequestError, decode_json, parse_infer, parse_predict
-from tests.helpers import ThreadServer, tiny_artifact
+from tests.helpers import ThreadServer
 
 # Hypothesis keeps caches in ./.hypothesis; not in the checkout.
 set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "hypothesis-encoder-deploy")
@@ -181,12 +181,10 @@ def test_every_kinds_infer_parser_takes_binary_data_raising_only_request_errors(
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory):
+def server_url(artifact, session):
     from serving.app import build_app
     from serving.config import ServerConfig
-    from serving.session import ArtifactSession
 
-    artifact = tiny_artifact(tmp_path_factory.getbasetemp() / "serving")
     config = ServerConfig(
         artifact=artifact,
         max_items=LIMITS.max_items,
@@ -194,7 +192,7 @@ def server_url(tmp_path_factory):
         max_body_bytes=4096,
         max_wait_ms=0,
     )
-    with ThreadServer(build_app(config, ArtifactSession(artifact), "tiny")) as srv:
+    with ThreadServer(build_app(config, session, "tiny")) as srv:
         yield srv.url
 
 

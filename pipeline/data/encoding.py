@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline import interrupts
 from pipeline.data.corpus import Corpus
 from pipeline.data.loaders import AnySplit, TaskData
 from pipeline.data.squad import QASplit
@@ -188,5 +187,4 @@ def iter_batches(
             grouped += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
         batches = [grouped[i] for i in torch.randperm(len(grouped), generator=generator).tolist()]
     for idx in batches:
-        interrupts.check()  # every pass over the data (training, validation's scoring) stops within a batch
         yield collate(enc, idx)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from pipeline import interrupts
 from pipeline.data.encoding import IGNORED, Encoded, iter_batches
 from pipeline.data.tagged import OUTSIDE
 from pipeline.data.tasks import QA, TOKEN
@@ -53,6 +54,7 @@ def predict_logits(model: torch.nn.Module, enc: Encoded, batch_size: int = 64) -
     device = next(model.parameters()).device
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
+        interrupts.check()  # a stop during a long validation ends it within a batch (training checks every step)
         batch.pop("labels")
         batch = {k: v.to(device) for k, v in batch.items()}  # the rows' masks too: QA's padding mask meets CUDA logits
         out.append(output_rows(model(**batch), batch, width))

@@ -140,13 +140,15 @@ class Family:
 
     def shape_problem(self, config: dict[str, Any]) -> str | None:
         """Why a `config.json`'s shape cannot build a model (None: it can): a count that is missing, not a positive
-        integer, or heads that do not divide the hidden size (unless the config gives the head size). Transformers
-        would build a 0-layer model, or fail in a reshape, long after a run started."""
+        integer (the FFN width may be 0), or heads that do not divide the hidden size (unless the config gives the
+        head size). Transformers would build a 0-layer model, or fail in a reshape, long after a run started."""
         for key in (self.layers_field, self.heads_field, self.hidden_field, self.ffn_field):
             if key not in config:
                 return f"config.json has no {key}"
-            if type(config[key]) is not int or config[key] < 1:
-                return f"config.json's {key} must be a positive integer, not {config[key]!r}"[:300]
+            least = 0 if key == self.ffn_field else 1  # a compacted model's layers may all have lost their FFNs
+            if type(config[key]) is not int or config[key] < least:
+                wanted = "a positive integer" if least else "an integer, 0 or more"
+                return f"config.json's {key} must be {wanted}, not {config[key]!r}"[:300]
         heads, hidden = config[self.heads_field], config[self.hidden_field]
         if not config.get("attention_head_size") and hidden % heads:
             return f"config.json's {self.heads_field} {heads} does not divide its {self.hidden_field} {hidden}"
