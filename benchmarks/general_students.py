@@ -32,12 +32,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
-
-from pipeline.compress.methods.distill.config import DistillConfig  # pydantic only, no torch
-
-RELATION_HEADS = DistillConfig.model_fields["relation_heads"].default  # it must divide the student's width too
-NARROW_RELATION_HEADS = 32  # divides 384 and 256, the teacher's and the narrow student's Q/K/V widths
 VARIANTS = ["general", "general-joint", "task", "general+task"]
 
 
@@ -63,9 +57,7 @@ def deploy(args, variant: str, shape: tuple[int, int], student: Path | None) -> 
     done = next(out.glob("*/report.json"), None) if out.is_dir() else None
     if done is not None:
         return done.parent
-    sets = list(args.set)
-    if shape[1] % RELATION_HEADS:
-        sets.append(f"config.relation_heads={NARROW_RELATION_HEADS}")
+    sets = list(args.set)  # relation heads: derived from both widths (384 and 256: 32)
     if student is not None:
         sets.append(f"config.student.path={student}")  # the student folder's own shape
     else:

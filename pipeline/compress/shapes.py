@@ -233,11 +233,13 @@ def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
                 f"target.hidden {hidden} must be a multiple of the teacher's head size {arch.head_dim} up to its "
                 f"{arch.hidden}"
             )
-        if getattr(distill, "relation", 0) and hidden % distill.relation_heads:
-            raise PipelineError(
-                f"target.hidden {hidden}: distill's relation heads {distill.relation_heads} do not divide it (set "
-                "relation_heads to a divisor of every width)"
-            )
+        if getattr(distill, "relation", 0):  # set relation heads must fit every planned width; derived ones do
+            from pipeline.compress.methods.distill.derived import relation_heads
+
+            try:
+                relation_heads(distill.relation_heads, arch.heads * arch.head_dim, hidden)
+            except PipelineError as e:
+                raise PipelineError(f"target.hidden {hidden}: {e}") from None
     if not family_for(teacher["model_type"]).narrows_from_teacher:
         raise PipelineError(
             f"target.hidden: a {teacher['model_type']} student cannot be cut from its teacher at a narrower hidden "

@@ -25,6 +25,7 @@ from pipeline.data.encoding import encode_corpus
 from pipeline.models.families import arch_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.layers import encoder_layers
+from pipeline.report import derived_line
 from pipeline.train.loop import num_steps, resolve_device, train
 from pipeline.train.losses import HiddenProjections
 
@@ -56,6 +57,9 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
         cfg=cfg.model_dump(),
     )
 
+    derived = cfg.derived(config)  # the relation heads and teacher layer, from the shapes unless set
+    cfg_used = cfg.resolved(config)
+
     def build(out: Path) -> None:
         from transformers import AutoModel
 
@@ -71,7 +75,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             projections = HiddenProjections(mapping, shape["hidden"], teacher.config.hidden_size).to(device)
             params += projections.named_parameters(prefix="proj")
         if cfg.direct:
-            direct = DirectProjections(cfg.relation_heads, shape["hidden"], arch.heads * arch.head_dim).to(device)
+            direct = DirectProjections(cfg_used.relation_heads, shape["hidden"], arch.heads * arch.head_dim).to(device)
             params += direct.named_parameters(prefix="direct")
         began = time.perf_counter()
         result = train(
@@ -81,7 +85,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             cfg.train,
             teacher=teacher,
             params=params,
-            loss_fn=distill_loss(cfg, teacher, projections, task=False, direct=direct),
+            loss_fn=distill_loss(cfg_used, teacher, projections, task=False, direct=direct),
             desc="general distillation",
         )
         student.save_pretrained(str(out), safe_serialization=True)
@@ -90,6 +94,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             "base_model": str(model_dir),
             "corpus": {"path": str(corpus_dir), "files": corpus.files, "paragraphs": len(corpus)},
             "shape": shape,
+            "derived": {name: r.as_dict() for name, r in derived.items()},
             "made": made,
             "config": cfg.model_dump(mode="json"),
             "training": result.report(),
@@ -130,8 +135,7 @@ def model_card(report: dict) -> str:
             f"FFN {shape['ffn']}",
             f"- initialised: {made['init']}"
             + (f" (teacher layers {made['teacher_layers']})" if made["init"] == "teacher" else ""),
-            f"- losses: {'; '.join(losses)}; relation heads {cfg['relation_heads']}, teacher layer "
-            f"{cfg['teacher_layer'] or 'last'}",
+            f"- losses: {'; '.join(losses)}; {derived_line(report['derived'])}",
             f"- training: {training['steps']} steps at batch {cfg['train']['batch_size']}, lr {cfg['train']['lr']}, "
             f"{training['seconds']} s; final loss {training['final_loss']}",
             "",

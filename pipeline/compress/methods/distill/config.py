@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from pipeline.compress.methods.distill import derived as rules
 from pipeline.config.schema import FrozenModel, KeyStableModel, MethodConfig, TrainConfig
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError
@@ -20,7 +21,8 @@ class StudentConfig(KeyStableModel):
     """The student: a subset of the teacher's layers, optionally narrower, or a folder of its own.
 
     Attributes:
-        layers: how many teacher layers to keep (picked by `pick`), or an explicit list of 0-based indices.
+        layers: how many teacher layers to keep (picked by `pick`), or an explicit list of 0-based indices; None:
+            half the teacher's, rounded up (`derived.student_layers`: MiniLM-L6's 3 of 6).
         pick: `uniform` (every k-th, ending with the last: 6 -> 3 keeps layers 2, 4, 6), `first`, or `last`.
         heads: attention heads kept per layer, the most important by weight norm (None: all).
         ffn: FFN neurons kept per layer, the most important by weight norm (None: all).
@@ -33,7 +35,7 @@ class StudentConfig(KeyStableModel):
             the hidden dimensions that carry the most weight (`general_student.sliced_to`); None: the teacher's.
     """
 
-    layers: int | list[int] = 3
+    layers: int | list[int] | None = None
     pick: Literal["uniform", "first", "last"] = "uniform"
     heads: int | None = Field(None, ge=1)
     ffn: int | None = Field(None, ge=1)
@@ -48,7 +50,7 @@ def pick_layers(n_teacher: int, cfg: StudentConfig) -> list[int]:
     """0-based teacher layers the student keeps, bottom to top."""
     if isinstance(cfg.layers, list):
         return sorted(cfg.layers)
-    n = cfg.layers
+    n = rules.student_layers(cfg.layers, n_teacher).value
     if not 1 <= n <= n_teacher:
         raise PipelineError(f"student layers {n} must be between 1 and the teacher's {n_teacher}")
     if cfg.pick == "first":
@@ -65,7 +67,7 @@ class TransferLosses(FrozenModel):
     """The settings of the transfer losses task and general distillation share (see `DistillConfig`)."""
 
     relation: float = Field(1.0, ge=0)
-    relation_heads: int = Field(48, ge=1)
+    relation_heads: int | None = Field(None, ge=1)
     relation_pairs: list[RelationPair] = Field(default_factory=lambda: ["QQ", "KK", "VV"])
     teacher_layer: int | None = Field(None, ge=1)
     hidden: float = Field(0.0, ge=0)
@@ -89,9 +91,11 @@ class DistillConfig(TransferLosses, MethodConfig):
         student: which student.
         relation: weight of the MiniLMv2 relation loss (0: off).
         relation_heads: A_r; must divide the teacher's and the student's Q/K/V widths (MiniLM-384: 48 -> 8 each).
+            None: the paper's 48 (64 for a large teacher) where it divides both, else derived (`derived`).
         relation_pairs: which relations (the paper: QQ, KK, VV; any of the nine).
-        teacher_layer: 1-based teacher layer whose relations are taken (None: the last; the paper uses an
-            upper-middle layer for large teachers); the student side is always its last layer.
+        teacher_layer: 1-based teacher layer whose relations are taken (None: the paper's upper-middle layer for
+            24-layer BERT, RoBERTa and XLM-R teachers, else the last: `derived`); the student side is always its
+            last layer.
         hidden: weight of the hidden-state MSE (0: off).
         hidden_mapping: which student layer learns which teacher layers (see `losses.layer_mapping`).
         transfer_steps: steps of the first phase (0: one joint phase).
@@ -149,10 +153,7 @@ class DistillConfig(TransferLosses, MethodConfig):
                 raise PipelineError(f"student heads {self.student.heads} exceed the teacher's {arch.heads}")
             if self.student.hidden is not None:
                 check_narrower_hidden(self.student, arch, model_config["model_type"])
-        if self.teacher_layer is not None and self.teacher_layer > n_teacher:
-            raise PipelineError(
-                f"teacher_layer {self.teacher_layer} is out of range (the teacher has {n_teacher} layers)"
-            )
+        rules.teacher_layer(self.teacher_layer, n_teacher, model_config["model_type"])
         student_config = model_config
         if self.student.path is not None:
             student_config = check_student_folder(Path(self.student.path), teacher_dir or model_dir)
@@ -169,16 +170,12 @@ class DistillConfig(TransferLosses, MethodConfig):
                 widths[1] = self.student.heads * arch.head_dim
             if self.student.hidden is not None and self.student.path is None:
                 widths[1] = self.student.hidden
-            for width in widths:
-                if width % self.relation_heads:
-                    raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
+            rules.relation_heads(self.relation_heads, *widths)
         if self.hidden:
             from pipeline.compress.methods.distill.losses import layer_mapping
 
             n_student = (
-                arch_of(student_config).layers
-                if self.student.path
-                else (layers if isinstance(layers, int) else len(layers))
+                arch_of(student_config).layers if self.student.path else rules.student_layers(layers, n_teacher).value
             )
             layer_mapping(self.hidden_mapping, n_teacher, n_student)
 
@@ -264,7 +261,7 @@ class GeneralConfig(TransferLosses):
 
     student: StudentShape = StudentShape()
     init: Literal["teacher", "random"] = "teacher"
-    relation_heads: int = Field(32, ge=1)  # divides 384 and 256, the MiniLM teacher's and a 4 x 256 student's widths
+    relation_heads: int | None = Field(None, ge=1)  # None: from the widths (`rules.relation_heads`)
     direct: float = Field(0.0, ge=0)
     max_length: int = Field(128, ge=8, le=4096)
     corpus_lines: int | None = Field(None, ge=1)
@@ -307,12 +304,22 @@ class GeneralConfig(TransferLosses):
                 )
         if shape["hidden"] % shape["heads"]:
             raise PipelineError(f"student hidden {shape['hidden']} is not a multiple of its heads {shape['heads']}")
-        if self.teacher_layer is not None and self.teacher_layer > arch.layers:
-            raise PipelineError(f"teacher_layer {self.teacher_layer} is out of range (the teacher has {arch.layers})")
-        if self.relation or self.direct:
-            for width in (arch.heads * arch.head_dim, shape["hidden"]):
-                if width % self.relation_heads:
-                    raise PipelineError(f"relation heads {self.relation_heads} do not divide the Q/K/V width {width}")
+        self.derived(teacher)
         if self.hidden:
             layer_mapping(self.hidden_mapping, arch.layers, shape["layers"])
         return shape
+
+    def derived(self, teacher: dict[str, Any]) -> dict[str, rules.Resolved]:
+        """The relation heads and teacher layer for this teacher and student (`rules`), each with its source."""
+        from pipeline.models.families import arch_of
+
+        arch, shape = arch_of(teacher), self.student.resolved(teacher)
+        out = {"teacher_layer": rules.teacher_layer(self.teacher_layer, arch.layers, teacher["model_type"])}
+        if self.relation or self.direct:
+            width = arch.heads * arch.head_dim
+            out["relation_heads"] = rules.relation_heads(self.relation_heads, width, shape["hidden"])
+        return out
+
+    def resolved(self, teacher: dict[str, Any]) -> GeneralConfig:
+        """This config with the derived relation heads and teacher layer filled in."""
+        return self.model_copy(update={k: v.value for k, v in self.derived(teacher).items()})

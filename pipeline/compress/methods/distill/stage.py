@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from pipeline.compress.context import StageContext
+from pipeline.compress.methods.distill import derived as rules
 from pipeline.compress.methods.distill.config import DistillConfig, GeneralConfig
 from pipeline.compress.methods.distill.losses import DirectProjections, direct_loss, layer_mapping, relation_loss
 from pipeline.compress.methods.distill.students import build_student
-from pipeline.models.families import family_of
-from pipeline.models.layers import encoder_layers
+from pipeline.models.families import arch_of, family_of
+from pipeline.models.layers import encoder_layers, head_counts
 from pipeline.train.loop import resolve_device, train
 from pipeline.train.losses import (
     HiddenProjections,
@@ -86,11 +87,36 @@ def distill_loss(
     return loss_fn
 
 
+def derived_shapes(cfg: DistillConfig, teacher: nn.Module, student: nn.Module) -> dict[str, rules.Resolved]:
+    """What the run derived from the shapes, or took as set (`derived`): the student's depth and width, the
+    teacher layer and, with relations on, the relation heads over the two models' Q/K/V widths."""
+    t_config, s_config = teacher.config.to_dict(), student.config.to_dict()
+    t_arch, s_arch = arch_of(t_config), arch_of(s_config)
+    n_teacher = len(encoder_layers(teacher))
+    chosen = cfg.student.path is not None or cfg.student.layers is not None
+    out = {
+        "student_layers": rules.Resolved(len(encoder_layers(student)), "set" if chosen else "derived"),
+        "student_hidden": rules.Resolved(
+            s_arch.hidden, "set" if cfg.student.path or cfg.student.hidden else "derived"
+        ),
+        "teacher_layer": rules.teacher_layer(cfg.teacher_layer, n_teacher, t_config["model_type"]),
+    }
+    if cfg.relation:
+        t_width = head_counts(teacher)[out["teacher_layer"].value - 1] * t_arch.head_dim
+        s_width = head_counts(student)[-1] * s_arch.head_dim
+        out["relation_heads"] = rules.relation_heads(cfg.relation_heads, t_width, s_width)
+    return out
+
+
 def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
     """`model` is a copy of the fine-tuned teacher; returns the trained student."""
     teacher = ctx.teacher
     student, info = build_student(model, cfg.student, ctx.task)
     ctx.report["student"] = info
+    shapes = derived_shapes(cfg, teacher, student)
+    ctx.report["derived"] = {name: r.as_dict() for name, r in shapes.items()}
+    log.info("distill: %s", ", ".join(f"{name} {r.value} ({r.source})" for name, r in shapes.items()))
+    cfg = cfg.model_copy(update={k: shapes[k].value for k in ("teacher_layer", "relation_heads") if k in shapes})
     projections = None
     if cfg.hidden:
         mapping = layer_mapping(cfg.hidden_mapping, len(encoder_layers(teacher)), len(encoder_layers(student)))
