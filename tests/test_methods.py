@@ -46,6 +46,14 @@ def test_every_registered_method_is_in_the_matrix():
     assert sorted(MATRIX) == sorted(m.name for m in methods())
 
 
+def test_a_method_name_registered_twice_is_an_error():
+    from pipeline.compress.methods.smp.config import SmpConfig
+    from pipeline.compress.registry import method, registry
+
+    with pytest.raises(ValueError, match="method name\\(s\\) registered twice: smp"):
+        registry(method(SmpConfig, None), method(SmpConfig, None))
+
+
 @functools.cache
 def _encoded(kind: str):
     """The sample, tokenised for `kind`'s tokenizer (read, trained and encoded once per family)."""

@@ -56,16 +56,22 @@ def method(config_cls: type[MethodConfig], apply_path: str | None, **flags: bool
     return Method(name, config_cls, apply_path, summary, **flags)
 
 
-_METHODS: dict[str, Method] = {
-    m.name: m
-    for m in (
-        method(DistillConfig, "pipeline.compress.methods.distill.stage:apply", builds_student=True),
-        method(GmpConfig, "pipeline.compress.methods.gmp.stage:apply", shapes=True),
-        method(MlpFusionConfig, "pipeline.compress.methods.mlp_fusion.stage:apply"),
-        method(NoneConfig, None),
-        method(SmpConfig, "pipeline.compress.methods.smp.stage:apply", shapes=True),
-    )
-}
+def registry(*entries: Method) -> dict[str, Method]:
+    """The methods by name; a name given twice is an error (a dict would keep the last in silence)."""
+    names = [m.name for m in entries]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"method name(s) registered twice: {', '.join(twice)}")
+    return {m.name: m for m in entries}
+
+
+_METHODS: dict[str, Method] = registry(
+    method(DistillConfig, "pipeline.compress.methods.distill.stage:apply", builds_student=True),
+    method(GmpConfig, "pipeline.compress.methods.gmp.stage:apply", shapes=True),
+    method(MlpFusionConfig, "pipeline.compress.methods.mlp_fusion.stage:apply"),
+    method(NoneConfig, None),
+    method(SmpConfig, "pipeline.compress.methods.smp.stage:apply", shapes=True),
+)
 
 
 def get_method(name: str) -> Method:
