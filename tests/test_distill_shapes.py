@@ -109,7 +109,8 @@ def _deploy(method: str, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
     [
         ("bert", 2, 5, 120, "distill", (), {"relation_heads": 8, "teacher_layer": 2, "student_layers": 1}),
         ("roberta", 6, 2, 128, "distill+smp", ("target.speedup=2", "target.headroom=0", "target.accept_busy=true",
-                                                "target.busy_attempts=1", "target.batch=2"),
+                                                "target.busy_attempts=1", "target.batch=2", "target.seq=32",
+                                                "target.heads_grid=[0.5,1]", "target.ffn_grid=[0.5,1]"),
          {"relation_heads": 8, "teacher_layer": 6}),
     ],
 )  # fmt: skip
