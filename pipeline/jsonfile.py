@@ -7,6 +7,7 @@ ValueError for an integer of more digits than Python converts. Each becomes a `P
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
@@ -27,9 +28,9 @@ def parse_json(text: str, where: str, line: int | None = None) -> Any:
         raise PipelineError(f"{where}: not valid JSON here ({str(e)[:200]})") from None
 
 
-def read_json_object(path, what: str = "") -> dict:
-    """A file that must hold one JSON object (`what`: how errors name it, default its path)."""
-    where = what or str(path)
+def read_json_object(path: Path) -> dict:
+    """A file that must hold one JSON object."""
+    where = str(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -136,11 +136,6 @@ def _chars(items: list) -> int:
     return sum(map(chars, items))
 
 
-def _parse(parse: Callable[[Any], Any], body: bytes) -> Any:
-    """`parse` of the JSON `body` (a request's parser with its settings bound)."""
-    return parse(decode_json(body))
-
-
 def _scores(logits: np.ndarray, function: str) -> np.ndarray:
     if function == "softmax":
         return softmax(logits)
@@ -213,11 +208,15 @@ class Service:
     async def _off_loop(self, size: int, function: Callable, *args: Any) -> Any:
         """`function(*args)` on a tokeniser thread of the lane of a request of `size` characters (or bytes): parsing,
         tokenising or decoding a large request's entities or answers takes long enough that on the event loop it
-        would hold up health probes, metrics and every other request. A small body is parsed on the loop."""
-        if function is _parse and size <= SMALL_REQUEST_CHARS:
-            return function(*args)
+        would hold up health probes, metrics and every other request."""
         lane = "small" if size <= SMALL_REQUEST_CHARS else "large"
         return await asyncio.get_running_loop().run_in_executor(self._lanes[lane], function, *args)
+
+    async def _parsed(self, body: bytes, parse: Callable[[Any], Any]) -> Any:
+        """`parse` of the JSON `body`: on the event loop for a small body, on the large lane for a large one."""
+        if len(body) <= SMALL_REQUEST_CHARS:
+            return parse(decode_json(body))
+        return await self._off_loop(len(body), lambda: parse(decode_json(body)))
 
     # -- the wrapper every route goes through -------------------------------------------------------------
     def endpoint(self, name: str, handler: Handler, auth: bool = True) -> Handler:
@@ -329,9 +328,12 @@ class Service:
         except BinaryError as e:
             raise RequestError(400, str(e), "bad_binary") from None
         parse = functools.partial(parse_infer, limits=self.limits, pair=self.pair, kind=self.kind, binary=binary)
-        req = await self._off_loop(len(body), _parse, parse, header)
+        req = await self._parsed(header, parse)
         encoded, rows = await self.rows(req.texts)
-        tensors = await self._off_loop(_chars(req.texts), self._tensors, req.texts, encoded, rows, req.outputs)
+        if self.kind == SEQUENCE:  # labels from the rows: nothing to decode
+            tensors = self._tensors(req.texts, encoded, rows, req.outputs)
+        else:
+            tensors = await self._off_loop(_chars(req.texts), self._tensors, req.texts, encoded, rows, req.outputs)
         outputs, data = [], {}
         for name in req.outputs:
             datatype, shape, values = tensors[name]
@@ -372,7 +374,7 @@ class Service:
     async def predict(self, request: Request) -> Response:
         body = await read_body(request, self.config.max_body_bytes)
         parse = functools.partial(parse_predict, limits=self.limits, pair=self.pair, kind=self.kind)
-        req = await self._off_loop(len(body), _parse, parse, body)
+        req = await self._parsed(body, parse)
         encoded, rows = await self.rows(req.texts)
         if self.kind == SEQUENCE:
             result = top_labels(_scores(rows, req.function), self.labels, req.top_k)

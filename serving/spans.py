@@ -133,11 +133,11 @@ def best_answers(
         for s, e, score in spans:
             first, last = _word_chars(window.encoding, s, e)
             text = context[first:last]
-            same = answers.get(text.lower())
+            same = answers.get(key := text.lower())
             if same is not None:
                 same["score"] += score.item()
             else:
-                answers[text.lower()] = {"score": score.item(), "start": first, "end": last, "answer": text}
+                answers[key] = {"score": score.item(), "start": first, "end": last, "answer": text}
     return sorted(answers.values(), key=lambda a: a["score"], reverse=True)[:top_k]
 
 

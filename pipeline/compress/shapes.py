@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.compress.methods.distill.derived import relation_heads
 from pipeline.compress.registry import chain_configs, methods, parse_chain
 from pipeline.config.recipes import CHAIN_SEP
 from pipeline.config.schema import DeployConfig
@@ -234,8 +235,6 @@ def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
                 f"{arch.hidden}"
             )
         if getattr(distill, "relation", 0):  # set relation heads must fit every planned width; derived ones do
-            from pipeline.compress.methods.distill.derived import relation_heads
-
             try:
                 relation_heads(distill.relation_heads, arch.heads * arch.head_dim, hidden)
             except PipelineError as e:

@@ -68,23 +68,19 @@ def _pieces(f: BinaryIO) -> Iterator[tuple[int, str | None]]:
     the text of a line that is not UTF-8 (then nothing more)."""
     number, text = 1, ""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    while raw := f.readline(_READ_BYTES):
-        ends = raw.endswith(b"\n")
-        try:
-            text += decoder.decode(raw, final=ends)
-        except UnicodeDecodeError:
-            yield number, None
-            return
-        while len(text) > MAX_LINE_CHARS:
-            cut = text.rfind(" ", MAX_LINE_CHARS // 2, MAX_LINE_CHARS)
-            cut = cut if cut > 0 else MAX_LINE_CHARS
-            yield number, text[:cut]
-            text = text[cut:]
-        if ends:
-            yield number, text
-            number, text = number + 1, ""
     try:
-        text += decoder.decode(b"", final=True)
+        while raw := f.readline(_READ_BYTES):
+            ends = raw.endswith(b"\n")
+            text += decoder.decode(raw, final=ends)
+            while len(text) > MAX_LINE_CHARS:
+                cut = text.rfind(" ", MAX_LINE_CHARS // 2, MAX_LINE_CHARS)
+                cut = cut if cut > 0 else MAX_LINE_CHARS
+                yield number, text[:cut]
+                text = text[cut:]
+            if ends:
+                yield number, text
+                number, text = number + 1, ""
+        text += decoder.decode(b"", final=True)  # a last line without a newline
     except UnicodeDecodeError:
         yield number, None
         return

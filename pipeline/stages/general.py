@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.compress.methods.distill import derived as rules
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.methods.distill.general_student import build_general_student
 from pipeline.compress.methods.distill.losses import DirectProjections, layer_mapping
@@ -58,7 +59,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
     )
 
     derived = cfg.derived(config)  # the relation heads and teacher layer, from the shapes unless set
-    cfg_used = cfg.resolved(config)
+    cfg_used = cfg.model_copy(update={name: r.value for name, r in derived.items()})
 
     def build(out: Path) -> None:
         from transformers import AutoModel
@@ -94,7 +95,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             "base_model": str(model_dir),
             "corpus": {"path": str(corpus_dir), "files": corpus.files, "paragraphs": len(corpus)},
             "shape": shape,
-            "derived": {name: r.as_dict() for name, r in derived.items()},
+            "derived": rules.as_report(derived),
             "made": made,
             "config": cfg.model_dump(mode="json"),
             "training": result.report(),

@@ -319,7 +319,3 @@ class GeneralConfig(TransferLosses):
             width = arch.heads * arch.head_dim
             out["relation_heads"] = rules.relation_heads(self.relation_heads, width, shape["hidden"])
         return out
-
-    def resolved(self, teacher: dict[str, Any]) -> GeneralConfig:
-        """This config with the derived relation heads and teacher layer filled in."""
-        return self.model_copy(update={k: v.value for k, v in self.derived(teacher).items()})

@@ -39,6 +39,11 @@ class Resolved:
         return {"value": self.value, "from": self.source}
 
 
+def as_report(resolved: dict[str, Resolved]) -> dict[str, dict]:
+    """Resolved values as a report records them: {name: {"value", "from"}}."""
+    return {name: r.as_dict() for name, r in resolved.items()}
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

@@ -14,6 +14,7 @@ from pipeline.compress.methods.distill.losses import DirectProjections, direct_l
 from pipeline.compress.methods.distill.students import build_student
 from pipeline.models.families import arch_of, family_of
 from pipeline.models.layers import encoder_layers, head_counts
+from pipeline.report import derived_line
 from pipeline.train.loop import resolve_device, train
 from pipeline.train.losses import (
     HiddenProjections,
@@ -114,8 +115,8 @@ def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
     student, info = build_student(model, cfg.student, ctx.task)
     ctx.report["student"] = info
     shapes = derived_shapes(cfg, teacher, student)
-    ctx.report["derived"] = {name: r.as_dict() for name, r in shapes.items()}
-    log.info("distill: %s", ", ".join(f"{name} {r.value} ({r.source})" for name, r in shapes.items()))
+    ctx.report["derived"] = rules.as_report(shapes)
+    log.info("distill: %s", derived_line(ctx.report["derived"]))
     cfg = cfg.model_copy(update={k: shapes[k].value for k in ("teacher_layer", "relation_heads") if k in shapes})
     projections = None
     if cfg.hidden:
