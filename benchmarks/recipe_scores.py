@@ -39,9 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere without installing
 
 from export.onnx import export_optimized
-from export.parity import onnx_logits
 from pipeline.cache import default_cache_dir
-from pipeline.compress.registry import model_max_length
 from pipeline.config.recipes import stage_keys
 from pipeline.data.encoding import encode
 from pipeline.errors import PipelineError
@@ -51,6 +49,7 @@ from pipeline.request import prepare_request
 from pipeline.stages import compact, compress
 from pipeline.train.loop import resolve_device
 from pipeline.train.metrics import predict_logits, scores
+from pipeline.train.parity import onnx_logits
 from serving.artifact import GRAPHS
 
 
@@ -164,7 +163,7 @@ def main() -> None:
             req = requests[name]
             result = compress.run(req.config, req.teacher, req.data, req.cache_dir, req.model)
             trained = round(time.perf_counter() - t, 1)
-            length = model_max_length(req.config)
+            length = req.config.model_max_length
             folder = work / name / "pytorch"
             report = compact.run(result["path"], req.data, str(folder), req.config.gates.compaction_atol, length)
             shape = {

@@ -11,8 +11,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from pipeline.cache import default_cache_dir
+from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.methods.distill.config import GeneralConfig
-from pipeline.compress.registry import chain_configs, parse_chain
+from pipeline.compress.registry import parse_chain
 from pipeline.compress.shapes import check_depth_options, check_hidden_options, check_target_chain
 from pipeline.config.recipes import (
     apply_override,
@@ -21,14 +22,15 @@ from pipeline.config.recipes import (
     resolve_recipe,
     shortcut_overrides,
 )
-from pipeline.config.schema import CustomTask, DeployConfig, parse
+from pipeline.config.schema import CustomTask, parse
 from pipeline.data.corpus import read_corpus
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import SEQUENCE, TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
+from pipeline.models.families import family_for
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_new_folder, check_writable_dir
-from serving.artifact import ArtifactError, check_signing_key, max_positions
+from serving.artifact import ArtifactError, check_signing_key
 
 
 def check_devices(devices: dict[str, str]) -> None:
@@ -61,19 +63,16 @@ def build_deploy_config(
     data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind, trained=trained)
     if custom_task is not None:
         data["custom_task"] = custom_task.model_dump()
-    cfg = parse(DeployConfig, data, "recipe")
-    # each method's section parsed once, here, and kept with its defaults filled in (what ran is what is recorded)
-    sections = {m.name: method_cfg.model_dump(mode="json") for m, method_cfg in chain_configs(cfg)}
-    cfg = cfg.model_copy(update={"config": sections})
+    cfg = parse(DeployConfig, data, "recipe")  # each method's section parsed here, once, into its config class
     if cfg.target.speedup is not None:
-        check_target_chain(cfg.method)
+        check_target_chain(cfg)
     return cfg
 
 
 def check_lengths(config: DeployConfig, chain: list, model_cfg: dict) -> None:
     """Every token length the run will use (training, benchmark, plan) within the model's position embeddings:
     a longer one would fail with a traceback after training, or index out of range natively."""
-    positions = max_positions(model_cfg)
+    positions = family_for(model_cfg.get("model_type")).usable_positions(model_cfg)
     if positions is None:
         return
     lengths = {"teacher.max_length": config.teacher.max_length, "target.seq": config.target.seq}
@@ -192,7 +191,7 @@ def prepare_request(
         teacher = str(Path(teacher).resolve())
         model_cfg = cfg
     devices = {"teacher.device": config.teacher.device}
-    chain = chain_configs(config)
+    chain = config.chain_configs
     for m, method_cfg in chain:
         section = "config" if len(chain) == 1 else f"config.{m.name}"  # the key a user would --set
         if method_cfg.train.augment is not None and spec.kind != SEQUENCE:

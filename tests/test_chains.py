@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.compress.registry import chain_configs, parse_chain
+from pipeline.compress.registry import parse_chain
 from pipeline.errors import PipelineError
 from pipeline.request import build_deploy_config
 from tests.helpers import assert_one_line_error, cli_deploy, quick_deploy, write_tiny_model_dir
@@ -86,11 +86,11 @@ def test_a_chain_that_cannot_run_is_one_line(method, needle):
 
 def test_a_chain_config_has_one_section_per_method():
     cfg = build_deploy_config("distill+smp", "sst2", overrides=["config.smp.sparsity=0.4"])
-    assert [(m.name, c.sparsity if m.name == "smp" else None) for m, c in chain_configs(cfg)] == [
+    assert [(m.name, c.sparsity if m.name == "smp" else None) for m, c in cfg.chain_configs] == [
         ("distill", None),
         ("smp", 0.4),
     ]
     composed = build_deploy_config("distill+gmp", "sst2")  # no packaged chain recipe: composed from both
-    assert [m.name for m, _ in chain_configs(composed)] == ["distill", "gmp"]
+    assert [m.name for m, _ in composed.chain_configs] == ["distill", "gmp"]
     with pytest.raises(PipelineError, match="unknown section"):
         build_deploy_config("distill+smp", "sst2", overrides=["config.mlp_fusion.ratio=0.5"])

@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from pipeline.compress.registry import chain_configs, get_method, method_config, methods
+from pipeline.compress.deploy_config import DeployConfig
+from pipeline.compress.registry import get_method, methods
 from pipeline.compress.shapes import layer_options
 from pipeline.config.recipes import (
     RECIPES_DIR,
@@ -15,7 +16,7 @@ from pipeline.config.recipes import (
     read_yaml_mapping,
     stage_keys,
 )
-from pipeline.config.schema import DeployConfig, TrainConfig
+from pipeline.config.schema import TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
 from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
@@ -113,7 +114,7 @@ def test_recipe_overrides_and_validation(tmp_path):
     cfg = build_deploy_config(
         "mlp_fusion", "sst2", overrides=["config.ratio=0.5", "teacher.max_steps=7", "bench.seq_lens=[16]"]
     )
-    assert method_config(cfg).ratio == 0.5 and cfg.teacher.max_steps == 7 and cfg.bench.seq_lens == (16,)
+    assert cfg.method_config.ratio == 0.5 and cfg.teacher.max_steps == 7 and cfg.bench.seq_lens == (16,)
     for bad, message in [
         ("config.ratio=0", "greater than 0"),
         ("config.ratio=1.5", "less than or equal to 1"),
@@ -125,7 +126,7 @@ def test_recipe_overrides_and_validation(tmp_path):
             build_deploy_config("mlp_fusion", "sst2", overrides=[bad])
     recipe = tmp_path / "r.yaml"
     recipe.write_text("method: mlp_fusion\nconfig:\n  ratio: 0.5\n  layers: [1]\n")
-    assert method_config(build_deploy_config("mlp_fusion", "sst2", recipe)).layers == [1]
+    assert build_deploy_config("mlp_fusion", "sst2", recipe).method_config.layers == [1]
     recipe.write_text("method: mlp_fusion\nconfig: [1, 2\n")
     with pytest.raises(PipelineError, match="not valid YAML"):
         build_deploy_config("mlp_fusion", "sst2", recipe)
@@ -141,10 +142,10 @@ def test_a_recipe_extends_another_and_says_only_what_differs(tmp_path):
     mine = tmp_path / "mine.yaml"
     mine.write_text("extends: default\nconfig:\n  train:\n    lr: 0.5\nbench:\n  seq_lens: [16]\n")  # the packaged one
     cfg = build_deploy_config("smp", "sst2", mine)
-    assert method_config(cfg).train.lr == 0.5 and method_config(cfg).train.max_steps == 600
-    assert cfg.bench.seq_lens == (16,) and method_config(cfg).recover_steps == 250
+    assert cfg.method_config.train.lr == 0.5 and cfg.method_config.train.max_steps == 600
+    assert cfg.bench.seq_lens == (16,) and cfg.method_config.recover_steps == 250
     (tmp_path / "default.yaml").write_text("method: smp\nconfig:\n  recover_steps: 7\n")  # a file beside it wins
-    assert method_config(build_deploy_config("smp", "sst2", mine)).recover_steps == 7
+    assert build_deploy_config("smp", "sst2", mine).method_config.recover_steps == 7
     for text, message in [
         ("extends: mine\n", "extends 'mine' goes round in a circle"),
         ("extends: [a]\n", "extends must name a recipe"),
@@ -162,25 +163,25 @@ def test_question_answering_has_its_own_lengths_batching_and_int8_gate_unless_to
     for method in ("none", "distill", "smp", "distill+smp"):
         cfg = build_deploy_config(method, "squad")
         assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (384, 384, (128, 384))
-        assert {name: section["train"]["max_length"] for name, section in cfg.config.items()} == {
+        assert {name: section["train"]["max_length"] for name, section in cfg.sections.items()} == {
             name: 384 for name in method.split("+")
         }
         assert cfg.teacher.group_by_length and cfg.gates.int8_max_drop == 2.0  # and batching and the int8 gate
         assert cfg.teacher.lr == build_deploy_config(method, "sst2").teacher.lr  # nothing else
     told = build_deploy_config("distill", "squad", overrides=["config.train.max_length=256", "target.seq=256"])
-    assert (told.config["distill"]["train"]["max_length"], told.target.seq, told.teacher.max_length) == (256, 256, 384)
+    trained_at = told.sections["distill"]["train"]["max_length"]
+    assert (trained_at, told.target.seq, told.teacher.max_length) == (256, 256, 384)
     assert (
-        build_deploy_config("distill+smp", "squad", overrides=["config.smp.train.max_length=200"]).config["smp"][
+        build_deploy_config("distill+smp", "squad", overrides=["config.smp.train.max_length=200"]).sections["smp"][
             "train"
         ]["max_length"]
         == 200
     )
-    from pipeline.compress.registry import chain_configs
     from pipeline.request import check_lengths
 
     cfg = build_deploy_config("distill", "squad")  # a model with fewer positions is refused before any work
     with pytest.raises(PipelineError, match=r"^teacher.max_length=384 exceeds the model's 160 positions$"):
-        check_lengths(cfg, chain_configs(cfg), {"model_type": "bert", "max_position_embeddings": 160})
+        check_lengths(cfg, cfg.chain_configs, {"model_type": "bert", "max_position_embeddings": 160})
     from pipeline.data.tasks import get_task
 
     squad = get_task("squad")  # two text columns, but not a sentence pair: the server reads questions
@@ -221,16 +222,16 @@ def test_every_cpu_recipe_shares_one_teacher_definition():
 def test_a_task_without_its_own_recipe_gets_the_methods_defaults():
     """Not the pydantic defaults: smp keeps its 250 recovery steps on rte as on sst2."""
     for task in ("sst2", "rte", "mrpc"):
-        assert method_config(build_deploy_config("smp", task)).recover_steps == 250
-        assert method_config(build_deploy_config("mlp_fusion", task)).tune_steps == 60
+        assert build_deploy_config("smp", task).method_config.recover_steps == 250
+        assert build_deploy_config("mlp_fusion", task).method_config.tune_steps == 60
 
 
 def test_conll2003_recovers_three_times_longer_after_smp_than_a_sentence_task():
     """recipes/distill+smp/conll2003.yaml: entity F1 needs 3,000 recovery steps at 4x (1,000 left it 2.5 below the
     teacher on dev); a user's NER task names it with --recipe conll2003; sentence tasks keep the default's 1,000."""
-    assert method_config(build_deploy_config("distill+smp", "conll2003")).recover_steps == 3000
-    assert method_config(build_deploy_config("distill+smp", "sst2")).recover_steps == 1000
-    assert method_config(build_deploy_config("distill+smp", "sst2", "conll2003")).recover_steps == 3000
+    assert build_deploy_config("distill+smp", "conll2003").method_config.recover_steps == 3000
+    assert build_deploy_config("distill+smp", "sst2").method_config.recover_steps == 1000
+    assert build_deploy_config("distill+smp", "sst2", "conll2003").method_config.recover_steps == 3000
 
 
 def test_a_training_phase_is_not_capped_by_epochs():
@@ -319,7 +320,7 @@ def test_the_data_stage_measures_and_warns_of_a_validation_split_inside_train(tm
 @pytest.mark.parametrize("method", ["smp", "distill+smp"])
 def test_stage_keys_address_every_method_of_a_chain(method):
     cfg = build_deploy_config(method, "sst2", overrides=[f"{k}=cpu" for k in stage_keys(method, "train.device")])
-    stages = chain_configs(cfg)
+    stages = cfg.chain_configs
     assert [m.name for m, _ in stages] == method.split("+")
     assert all(stage.train.device == "cpu" for _, stage in stages)
 

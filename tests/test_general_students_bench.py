@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from pipeline.compress.methods.distill import derived as rules
-from pipeline.compress.registry import chain_configs
 from pipeline.data.tasks import get_task
 from pipeline.models.folders import default_model_path
 from pipeline.request import build_deploy_config
@@ -33,7 +32,7 @@ def _distill_config(monkeypatch, tmp_path, variant, shape, student):
     sets = [cmd[i + 1] for i, flag in enumerate(cmd) if flag == "--set"]
     config = build_deploy_config("distill", "sst2", overrides=sets)
     assert config.gates.max_metric_drop == 20  # --set reaches every deploy
-    return next(c for _, c in chain_configs(config))
+    return next(c for _, c in config.chain_configs)
 
 
 @pytest.mark.parametrize("shape", [(3, 384), (4, 256)])

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.shapes import (
     LatencyTable,
     apply_shape,
@@ -152,7 +153,7 @@ def test_a_target_out_of_reach_at_the_depth_floor_names_the_floor(tmp_path, monk
                        r"least 3 of the teacher's 6 layers") as refused:  # fmt: skip
         plan.run(floored, str(tmp_path), str(tmp_path))
     assert "\n" not in str(refused.value)
-    unfloored = plan.run(build_deploy_config("distill+smp", "sst2", overrides=target), str(tmp_path), str(tmp_path))
+    unfloored, _ = plan.run(build_deploy_config("distill+smp", "sst2", overrides=target), str(tmp_path), str(tmp_path))
     assert unfloored["shape"]["layers"] < 3
     out_of_reach = [f"target.speedup={table.dense_fp32_ms / table.predict_ms(1, 1, 32) * 1.2}", "target.headroom=0"]
     with pytest.raises(PipelineError, match=r"predicted at [0-9.]+x on this machine$"):  # no floor to name
@@ -180,21 +181,21 @@ def test_the_plan_sets_the_student_depth_and_the_pruned_shape():
     assert layer_options(cfg, 6) == [1, 2, 3, 4, 5, 6]
     t = synthetic_table()
     planned = apply_shape(cfg, search_shape(t, 4.0, [3]), t.teacher)
-    assert planned.method == "distill+smp"
-    assert planned.config["distill"]["student"]["layers"] == 3
+    assert planned.method == "distill+smp" and planned.chain[0].student.layers == 3  # typed: the plan's config
+    assert planned.sections["distill"]["student"]["layers"] == 3
     shape = search_shape(t, 4.0, [3])
-    assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+    assert planned.sections["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
     full_depth = apply_shape(cfg, search_shape(t, 2.5, [6]), t.teacher)  # all layers kept: nothing to distill
-    assert full_depth.method == "smp" and "shape" in full_depth.config["smp"]["mask"]
+    assert full_depth.method == "smp" and "shape" in full_depth.sections["smp"]["mask"]
     dense = apply_shape(cfg, search_shape(t, 1.5, [6]), t.teacher)  # dense int8 meets it: nothing to prune either
-    assert (dense.method, dense.config) == ("none", {"none": {}})
+    assert dense.method == "none" and dense.chain == (NoneConfig(),)
     assert layer_options(build_deploy_config("smp", "sst2"), 6) == [6]
 
 
 @pytest.mark.parametrize("method", ["mlp_fusion", "distill", "smp+mlp_fusion"])
 def test_a_target_needs_a_chain_ending_in_a_pruner(method):
     with pytest.raises(PipelineError, match=r"needs a chain that ends in (smp or gmp|gmp or smp)"):
-        check_target_chain(method)
+        check_target_chain(build_deploy_config(method, "sst2"))
     with pytest.raises(PipelineError, match=r"needs a chain that ends in (smp or gmp|gmp or smp)"):
         build_deploy_config(method, "sst2", overrides=["target.speedup=3"])
 
@@ -328,7 +329,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
     cfg = build_deploy_config(
         "smp", "sst2", overrides=[f"target.speedup={target}", f"target.headroom={headroom}", *QUICK_TABLE]
     )
-    plan = plan_target(cfg, teacher, str(tmp_path))
+    plan, _ = plan_target(cfg, teacher, str(tmp_path))
     assert plan["table"]["machine"]["busy"] is False and plan["table"]["cache"] == "hit"
     s = plan["shape"]
     assert plan["planned_at"] == pytest.approx(target * (1 + headroom), rel=1e-3)
@@ -375,7 +376,7 @@ def test_a_student_folder_is_planned_on_its_own_shape_against_the_dense_teacher(
     cfg = build_deploy_config(
         "distill+smp", "sst2", overrides=[f"target.speedup={target}", "target.headroom=0", *quick]
     )
-    plan = plan_target(cfg, teacher, str(tmp_path))
+    plan, _ = plan_target(cfg, teacher, str(tmp_path))
     assert plan["shape"]["layers"] == 1 and plan["table"]["cache"] == "hit"
     assert plan["method"].startswith("distill") and plan["config"]["distill"]["student"]["path"] == str(student_dir)
     if plan["method"] == "distill+smp":
@@ -415,15 +416,15 @@ def test_the_search_takes_a_narrower_hidden_size_where_it_keeps_more_weights():
         planned = apply_shape(cfg, shape, table.teacher, narrower)
         assert planned.method.startswith("distill") == (shape.layers < 6 or narrower is not None)
         if planned.method.startswith("distill"):
-            student = planned.config["distill"]["student"]
+            student = planned.sections["distill"]["student"]
             assert student["layers"] == shape.layers and student.get("hidden") == narrower
-        if "smp" in planned.config:
-            assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+        if "smp" in planned.sections:
+            assert planned.sections["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
     for objective in ("weights", "balanced"):
         assert search_widths([wide, narrow], 20.0, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 256  # tight
         assert search_widths([wide, narrow], 2.5, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 384  # loose
     full = apply_shape(cfg, search_shape(narrow, 1.2, [6]), narrow.teacher, 256)  # every layer, but narrower
-    assert full.method.startswith("distill") and full.config["distill"]["student"]["hidden"] == 256
+    assert full.method.startswith("distill") and full.sections["distill"]["student"]["hidden"] == 256
 
 
 def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_dirs, tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.config.recipes import CHAIN_SEP
-from pipeline.config.schema import DeployConfig, MethodConfig, parse
+from pipeline.config.schema import MethodConfig
 from pipeline.errors import PipelineError
 
 
@@ -110,33 +110,3 @@ def parse_chain(name: str) -> list[Method]:
                 "the dense teacher, so it must come first"
             )
     return chain
-
-
-def chain_configs(config: DeployConfig) -> list[tuple[Method, MethodConfig]]:
-    """Each method of the configured chain with its section, `config.<method>`, as that method's config class.
-
-    A recipe and `--set` write a single method's section as `config` itself; `load_recipe` moves it under the
-    method's name, so every configuration after it has one shape. `build_deploy_config` parses each section once
-    and stores it with every default filled in, so this only rebuilds the objects.
-    """
-    chain = parse_chain(config.method)
-    unknown = sorted(set(config.config) - {m.name for m in chain})
-    if unknown:
-        raise PipelineError(
-            f"invalid {config.method} config: unknown section(s) {', '.join(unknown)}; the config has one section "
-            f"per method of the chain ({', '.join(m.name for m in chain)})"
-        )
-    return [(m, parse(m.config_cls, config.config.get(m.name) or {}, f"{m.name} config")) for m in chain]
-
-
-def model_max_length(config: DeployConfig) -> int:
-    """Tokens per example the artifact's model was trained at (compaction, export and validation use it too): the
-    last training method's `train.max_length`, or the teacher's when nothing trains (`none`)."""
-    trained = [cfg for m, cfg in chain_configs(config) if m.apply_path is not None]
-    return trained[-1].train.max_length if trained else config.teacher.max_length
-
-
-def method_config(config: DeployConfig) -> MethodConfig:
-    """The config of the method that produces the artifact's model: the chain's last (its `train.max_length`
-    is what compaction and validation tokenise at)."""
-    return chain_configs(config)[-1][1]

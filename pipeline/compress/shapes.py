@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.methods.distill.derived import relation_heads
-from pipeline.compress.registry import chain_configs, methods, parse_chain
+from pipeline.compress.methods.none.config import NoneConfig
+from pipeline.compress.registry import methods
 from pipeline.config.recipes import CHAIN_SEP
-from pipeline.config.schema import DeployConfig
 from pipeline.errors import PipelineError
 
 FFN_STEP = 32  # FFN widths are searched in steps of this many neurons
@@ -172,20 +173,6 @@ def search_shape(
     return best
 
 
-def student_folder(config: DeployConfig) -> str | None:
-    """The student folder the chain's first stage distils into (`config.student.path`, e.g. a general student),
-    whose own shape the plan then prunes; None when the student is cut from the teacher."""
-    method, cfg = chain_configs(config)[0]
-    student = getattr(cfg, "student", None) if method.builds_student else None
-    return getattr(student, "path", None)
-
-
-def cuts_student(config: DeployConfig) -> bool:
-    """The chain starts by cutting a student from the teacher (distill without a student folder): its depth and
-    width are the plan's to choose."""
-    return parse_chain(config.method)[0].builds_student and student_folder(config) is None
-
-
 def layer_options(config: DeployConfig, layers: int) -> list[int]:
     """Depths the search may pick: from `target.min_depth` of `layers` (the teacher's) up to all of them when the
     chain starts by cutting a student from the teacher (distill), else `layers` (the teacher's, or a student
@@ -194,7 +181,7 @@ def layer_options(config: DeployConfig, layers: int) -> list[int]:
     Raises:
         PipelineError: `target.layers` holds no depth that deep.
     """
-    if not cuts_student(config):
+    if not config.cuts_student:
         return [layers]
     least = max(1, math.ceil(config.target.min_depth * layers - 1e-9))  # 0.28 x 25 is 7.000000000000001
     options = [n for n in (config.target.layers or range(1, layers + 1)) if least <= n <= layers]
@@ -222,12 +209,12 @@ def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
 
     if not config.target.hidden:
         return
-    if not cuts_student(config):
+    if not config.cuts_student:
         raise PipelineError(
             "target.hidden narrows a student cut from the teacher: the chain must start with distill, without "
             "config.student.path"
         )
-    arch, distill = arch_of(teacher), chain_configs(config)[0][1]
+    arch, distill = arch_of(teacher), config.chain[0]
     for hidden in config.target.hidden:
         if hidden > arch.hidden or hidden % arch.head_dim:
             raise PipelineError(
@@ -246,13 +233,13 @@ def check_hidden_options(config: DeployConfig, teacher: dict[str, Any]) -> None:
         )
 
 
-def check_target_chain(method: str) -> None:
+def check_target_chain(config: DeployConfig) -> None:
     """A speed target needs a method that prunes to a shape as the chain's last."""
-    if not parse_chain(method)[-1].shapes:
+    if not config.chain_configs[-1][0].shapes:
         shapers = " or ".join(m.name for m in methods() if m.shapes)
         raise PipelineError(
             f"--target-speedup needs a chain that ends in {shapers} (they prune heads and FFN neurons to the "
-            f"planned shape), e.g. distill{CHAIN_SEP}smp; got {method!r}"
+            f"planned shape), e.g. distill{CHAIN_SEP}smp; got {config.method!r}"
         )
 
 
@@ -264,11 +251,8 @@ def apply_shape(
     table's shape). A stage left with nothing to do is dropped (distill when every layer and the width stay, the
     pruner when every unit does); when none is left, `none`."""
     kept = [
-        (m, planned)
-        for m, cfg in chain_configs(config)
+        planned
+        for cfg in config.chain
         if (planned := cfg.planned(shape.layers, shape.heads, shape.ffn, teacher, narrower)) is not None
     ]
-    if not kept:
-        return config.model_copy(update={"method": "none", "config": {"none": {}}})
-    sections = {m.name: cfg.model_dump(mode="json") for m, cfg in kept}
-    return config.model_copy(update={"method": CHAIN_SEP.join(sections), "config": sections})
+    return config.with_chain(kept or [NoneConfig()])

@@ -1,8 +1,8 @@
 """The configuration schema: frozen pydantic models that reject unknown keys.
 
-A deploy configuration (`DeployConfig`) is read from a YAML recipe (`pipeline.config.recipes`) plus CLI
-overrides; each method's own section is validated by its config class (`pipeline.compress.registry`). A typo
-anywhere fails loudly instead of being ignored.
+A deploy configuration (`pipeline.compress.deploy_config.DeployConfig`) is read from a YAML recipe
+(`pipeline.config.recipes`) plus CLI overrides, from the sections defined here and one config class per method of
+its chain (`pipeline.compress.registry`). A typo anywhere fails loudly instead of being ignored.
 """
 
 from __future__ import annotations
@@ -491,26 +491,6 @@ class CustomTask(BaseModel):
         if self.metric == "f1" and len(values) != 2:
             raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
         return self
-
-
-class DeployConfig(FrozenModel):
-    """Everything one deploy run needs, after recipe + CLI overrides.
-
-    `config` holds one section per method of the chain, `config.<method>`, each validated by the method's own
-    config class (`registry.chain_configs`);
-    `teacher` comes from the shared teacher definitions in `recipes/teacher/` unless a recipe inlines one.
-    """
-
-    task: str
-    custom_task: CustomTask | None = None  # a user's task (`--task-file`); it travels with the artifact's config
-    method: str
-    config: dict[str, Any] = {}
-    teacher: TrainConfig
-    data: DataLimits = DataLimits()
-    bench: BenchSettings = BenchSettings()
-    gates: Gates = Gates()
-    target: TargetConfig = TargetConfig()
-    export: ExportSettings = ExportSettings()
 
 
 def parse(cls: type[BaseModel], data: Any, what: str) -> Any:

@@ -1,0 +1,65 @@
+"""The serialised deploy configuration did not move when the chain became a typed value: these digests were
+taken from the code before it (a string `method` and a dict `config`), so artifact names and cache keys (each
+method's `model_dump()`, the whole config's JSON) stay what they were and old caches keep their entries."""
+
+import hashlib
+import json
+
+import pytest
+
+from pipeline.compress.deploy_config import DeployConfig
+from pipeline.compress.shapes import Shape, apply_shape
+from pipeline.request import build_deploy_config
+
+TEACHER = {"layers": 6, "heads": 12, "ffn": 1536, "hidden": 384}
+PLANNED = Shape(3, 6, 768, 1.0, 4.0, 1, 384)
+# (method, task, recipe, --set), digest of the config's JSON, of each method's model_dump(), of the planned config's
+CASES = [
+    (("mlp_fusion", "sst2", None, ()), "87c0b5e052895cb1", ("661e2c332573ab4c",), None),
+    (("smp", "sst2", None, ()), "196b0d32c78b4bd1", ("30259205e027a310",), None),
+    (("gmp", "mrpc", None, ("config.train.seed=3",)), "6f191c56f01352ae", ("e198db3650aea280",), None),
+    (("distill", "sst2", None, ()), "636e9647ebc83e5a", ("abc7e205c4aaa2ff",), None),
+    (("none", "sst2", None, ()), "6e1caf36d4fe22a2", ("12a8db3b5213c0ff",), None),
+    (
+        ("distill+smp", "sst2", None, ("target.speedup=4",)),
+        "c64a07592df2dc60",
+        ("abc7e205c4aaa2ff", "1de111eb9f2b9a83"),
+        "5d2e1d1194ea839a",
+    ),
+    (
+        ("distill+smp", "sst2", "layerwise", ("target.speedup=8",)),
+        "50a7d1cabf94f4e5",
+        ("520a798f12e6dc96", "aa67787aefaa7e4b"),
+        "02ae2e088713ec24",
+    ),
+    (("distill+smp", "sst2", "long", ()), "a0dab886dafb9710", ("8a1773b3db4da919", "5eca647658414ca8"), None),
+    (
+        ("distill+gmp", "rte", None, ("config.gmp.train.max_steps=70", "config.gmp.prune_every=2")),
+        "abf9caf6ca120332",
+        ("abc7e205c4aaa2ff", "0de2ea299cf25003"),
+        None,
+    ),
+    (("mlp_fusion", "conll2003", None, ()), "6ad02ead32729b9c", ("661e2c332573ab4c",), None),
+    (("distill", "squad", None, ()), "ccdc14a392518de4", ("23447e8e4a4200b3",), None),
+    (("smp+mlp_fusion", "sst2", None, ()), "cf179dd5848fac70", ("30259205e027a310", "661e2c332573ab4c"), None),
+]
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("args", "config", "sections", "planned"), CASES, ids=[f"{c[0][0]}-{c[0][1]}" for c in CASES])
+def test_the_serialised_config_and_the_cache_key_parts_are_what_they_were(args, config, sections, planned):
+    method, task, recipe, sets = args
+    cfg = build_deploy_config(method, task, recipe, list(sets))
+    assert digest(cfg.model_dump_json()) == config
+    assert tuple(digest(json.dumps(c.model_dump(), sort_keys=True, default=str)) for c in cfg.chain) == sections
+    if planned is not None:
+        assert digest(apply_shape(cfg, PLANNED, TEACHER).model_dump_json()) == planned
+    again = DeployConfig.model_validate_json(cfg.model_dump_json())  # a state file or a Prefect parameter
+    assert (
+        again == cfg
+        and again.model_dump() == cfg.model_dump()
+        and [type(c) for c in again.chain] == [type(c) for c in cfg.chain]
+    )
