@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from export.benchmark import benchmark, speedups
 from export.onnx import export_onnx, optimize_onnx, quantize_int8, quantize_static_int8
-from export.parity import onnx_logits
 from pipeline.config.schema import BenchSettings, DataLimits
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
@@ -48,6 +47,7 @@ from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.request import build_deploy_config
 from pipeline.train.metrics import example_scores, scores
+from pipeline.train.parity import onnx_logits
 
 VARIANTS = (
     "fp32", "fp32-no-embed-ln", "fp32-gelu-approx", "int8-dynamic", "int8-head-fp32", "int8-embed-fp32",

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 from benchmarks.int8_modes import add_validation_args, quantised_nodes, task_splits, time_graphs
 from export.onnx import export_onnx, optimize_onnx, quantize_int8
-from export.parity import onnx_logits
 from pipeline.errors import PipelineError
 from pipeline.models.io import load_model
 from pipeline.train.metrics import scores
+from pipeline.train.parity import onnx_logits
 
 
 def kl_from(reference: np.ndarray, rows: np.ndarray) -> float:

@@ -31,9 +31,10 @@ from export.onnx import export_optimized
 from pipeline.cache import default_cache_dir
 from pipeline.compress.compaction import cut_from
 from pipeline.config.schema import BenchSettings, TargetConfig
+from pipeline.models.dense_graphs import dense_graphs
 from pipeline.models.io import load_model
-from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
 from pipeline.stages.plan import measure_table
+from pipeline.staging import DENSE_GRAPHS
 from serving.artifact import GRAPHS
 
 SHAPE = re.compile(r"^(\d+)x(\d+)x(\d+)$")

@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         _fail(str(e))
 
     from pipeline.compress.methods.distill.general_student import build_general_student
+    from pipeline.models.dense_graphs import dense_graphs
     from pipeline.models.io import load_model
-    from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
+    from pipeline.staging import DENSE_GRAPHS
 
     teacher = load_model(str(args.teacher))
     dense = dense_graphs(str(args.teacher), str(args.cache_dir or default_cache_dir()))[0]

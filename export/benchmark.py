@@ -12,16 +12,34 @@ import gc
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnxruntime as ort
 import psutil
 
 from export.sessions import CPU, CUDA, make_session, physical_cores
-from pipeline import interrupts
-from pipeline.config.schema import BenchSettings
+
+
+class Grid(Protocol):
+    """What the benchmark reads of its settings (the pipeline's `BenchSettings` has these fields and more)."""
+
+    batch_sizes: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    warmup: int
+    min_runs: int
+    max_runs: int
+    max_seconds_per_cell: float
+    threads: int | None
+    providers: tuple[str, ...] | None
+    busy_cores: float
+
+
+def no_stop() -> None:
+    """The default `check` between timing rounds: nothing can stop a run but the usual KeyboardInterrupt."""
 
 
 def cpu_name() -> str:
@@ -170,7 +188,7 @@ def machine_load(spans: list[tuple[LoadSample, LoadSample]], threads: int, busy_
     }
 
 
-def _time_cell(sessions: dict, feeds: dict, cfg: BenchSettings) -> dict[str, list[float]]:
+def _time_cell(sessions: dict, feeds: dict, cfg: Grid, check: Callable[[], None]) -> dict[str, list[float]]:
     names = list(sessions)
     for name in names:
         for _ in range(cfg.warmup):
@@ -183,7 +201,7 @@ def _time_cell(sessions: dict, feeds: dict, cfg: BenchSettings) -> dict[str, lis
         while it < cfg.max_runs and not (
             it >= cfg.min_runs and time.perf_counter() - start > cfg.max_seconds_per_cell
         ):
-            interrupts.check()  # between rounds: a stop signal ends a long cell within one round
+            check()  # between rounds: a stop signal ends a long cell within one round
             # Round-robin, rotating the start so no model always follows the same one.
             for k in range(len(names)):
                 name = names[(it + k) % len(names)]
@@ -216,15 +234,15 @@ def _open_sessions(models: dict, prov: str, threads: int, skipped: list) -> dict
     return sessions
 
 
-def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings | None = None) -> dict:
-    """Time every model on every (batch, seq) cell for each provider.
+def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: Grid, check: Callable[[], None] = no_stop) -> dict:
+    """Time every model on every (batch, seq) cell for each provider; `check` runs between timing rounds (the
+    pipeline's stop-signal check).
 
     Returns:
         JSON-serialisable dict with "device", "cells" (each with the cores other processes held while it
         was timed), "skipped" (model/provider pairs not run, with the reason; int8 models are skipped on
         CUDA) and "machine" (`machine_load`: the load while timing and whether the machine was busy).
     """
-    cfg = cfg or BenchSettings()
     threads = cfg.threads or physical_cores()
     available = ort.get_available_providers()
     providers = list(cfg.providers or [CPU] + ([CUDA] if CUDA in available else []))
@@ -241,7 +259,7 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: BenchSettings
             for s in cfg.seq_lens:
                 feeds = {n: _feeds(sess, b, s, vocab_size) for n, sess in sessions.items()}
                 before = load_sample()
-                times = _time_cell(sessions, feeds, cfg)
+                times = _time_cell(sessions, feeds, cfg, check)
                 spans.append((before, load_sample()))
                 others = round(others_cores(*spans[-1]), 3)
                 for name, t in times.items():
@@ -270,6 +288,7 @@ def real_lengths(
     rounds: int,
     threads: int | None = None,
     busy_cores: float = 0.25,
+    check: Callable[[], None] = no_stop,
 ) -> dict:
     """Throughput on real inputs: every batch (already padded to its own longest, as the server pads) through
     every model on the CPU, interleaved batch by batch with a rotating start, `rounds` times; per model the median
@@ -289,7 +308,7 @@ def real_lengths(
         for _ in range(rounds):
             spent = dict.fromkeys(names, 0.0)
             for i, f in enumerate(feeds):
-                interrupts.check()
+                check()
                 for k in range(len(names)):
                     name = names[(i + k) % len(names)]
                     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""How int8 graphs round weights: shared by the exporter (`export.onnx`) and the training that imitates it
-(`pipeline.train.fake_quant`), so the two cannot drift apart."""
+"""How int8 graphs round weights: the exporter's (`export.onnx`), which the training that imitates it
+(`pipeline.train.fake_quant`) reads, so the two cannot drift apart."""
 
 # Weights take 7 bits of the 8 (ORT's `reduce_range`). A CPU without VNNI (AVX2, or AVX-512 without VNNI) multiplies
 # u8 activations by s8 weights with VPMADDUBSW, which adds two products into a saturating int16: with full-range

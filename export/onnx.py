@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline.config.int8 import REDUCE_RANGE
+from export.int8 import REDUCE_RANGE
 from serving.artifact import kind_of_class, pipeline_tag
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,14 @@ def _pruned_heads_notice(record: logging.LogRecord) -> bool:
 
 
 def optimize_onnx(
-    src: str | Path, dst: str | Path, embed_layer_norm: bool = True, gelu_approximation: bool = False
+    src: str | Path,
+    dst: str | Path,
+    embed_layer_norm: bool = True,
+    gelu_approximation: bool = False,
+    model_type: str | None = "bert",
 ) -> dict[str, int]:
-    """Fuse attention, GELU and LayerNorm with ORT's transformer optimizer (hardware-independent, opt_level 0).
+    """Fuse attention, GELU and LayerNorm with ORT's transformer optimizer (hardware-independent, opt_level 0), by
+    the fuser of `model_type` (the family's `ort_fusion`; None: no fusion, the graph is copied as exported).
 
     Heads and hidden size are detected per layer from the graph (num_heads=0), which is what makes fusion
     work for layers with different head counts. EmbedLayerNormalization fusion is on (Optimum turns it off) and
@@ -103,7 +108,10 @@ def optimize_onnx(
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    options = FusionOptions("bert")
+    if model_type is None:
+        shutil.copyfile(src, dst)
+        return {}
+    options = FusionOptions(model_type)
     options.enable_embed_layer_norm = embed_layer_norm
     options.enable_gelu_approximation = gelu_approximation
     # A layer with pruned heads has fewer Q/K/V outputs (heads x head size) than the hidden size its inputs have; the
@@ -113,7 +121,7 @@ def optimize_onnx(
     attention_log.addFilter(_pruned_heads_notice)
     try:
         opt = optimize_model(
-            str(src), model_type="bert", num_heads=0, hidden_size=0, opt_level=0, optimization_options=options
+            str(src), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0, optimization_options=options
         )
     finally:
         attention_log.removeFilter(_pruned_heads_notice)
@@ -215,10 +223,16 @@ def op_counts(path: str | Path) -> dict[str, int]:
 
 
 def export_optimized(
-    model, tokenizer, out_dir: str | Path, stem: str = "model", calibration: list[dict] | None = None
+    model,
+    tokenizer,
+    out_dir: str | Path,
+    stem: str = "model",
+    calibration: list[dict] | None = None,
+    fusion: str | None = "bert",
 ) -> dict:
-    """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused) and `{stem}.int8.onnx`
-    (dynamic int8, or static QDQ calibrated on the tokenised examples `calibration` when given).
+    """Export, optimise and quantise into `out_dir`: `{stem}.onnx` (fp32, fused by ORT's `fusion` fuser: the model
+    family's, `Family.ort_fusion`) and `{stem}.int8.onnx` (dynamic int8, or static QDQ calibrated on the tokenised
+    examples `calibration` when given).
 
     The exporter's `config.json` and tokenizer files land in `out_dir` too (when `tokenizer` is given).
     """
@@ -229,7 +243,7 @@ def export_optimized(
         for f in Path(tmp).iterdir():
             if f.suffix != ".onnx":
                 shutil.move(str(f), out_dir / f.name)
-        fused = optimize_onnx(raw, out_dir / f"{stem}.onnx")
+        fused = optimize_onnx(raw, out_dir / f"{stem}.onnx", model_type=fusion)
     fp32, int8 = out_dir / f"{stem}.onnx", out_dir / f"{stem}.int8.onnx"
     static = calibration is not None
     quantized = quantize_static_int8(fp32, int8, calibration) if static else quantize_int8(fp32, int8)

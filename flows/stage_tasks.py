@@ -20,3 +20,5 @@ export = task(export.run, name="export", cache_policy=NO_CACHE)
 validate = task(validate.run, name="validate", cache_policy=NO_CACHE)
 bench = task(bench.run, name="bench", cache_policy=NO_CACHE)
 package = task(package.run, name="package", cache_policy=NO_CACHE)
+
+TASKS = {t.name: t for t in (data, teacher, plan, compress, compact, export, validate, bench, package)}  # `Run.stages`

@@ -17,11 +17,12 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows import stage_tasks
-from flows.deploy import compress_args, finish, prepare
+from flows.deploy import start
 from pipeline import interrupts
 from pipeline.errors import PipelineError
 from pipeline.pareto import pareto_report, pareto_rows, write_pareto
 from pipeline.request import DeployRequest
+from pipeline.run import compress_args, finish
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def sweep(labels: list[str], requests: list[DeployRequest], output: str, max_met
     failed, prepared = [], []
     for label, request in zip(labels, requests, strict=True):
         try:
-            prepared.append((label, request, prepare(request)))
+            prepared.append((label, request, start(request)))
         except PipelineError as e:
             failed.append({"run": label, "stage": "prepare", "error": str(e)})
     futures = [

@@ -18,6 +18,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from pipeline.models.families import family_titles
 from pipeline.stages import STAGES
 
 T = TypeVar("T")
@@ -111,10 +112,7 @@ def deploy(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(
-            help="Base model folder (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, DeBERTa-v2/v3, ModernBERT, "
-            "MPNet); default: embedded all-MiniLM-L6-v2."
-        ),
+        typer.Option(help=f"Base model folder ({', '.join(family_titles())}); default: embedded all-MiniLM-L6-v2."),
     ] = None,
     teacher: Annotated[
         str | None,
@@ -273,7 +271,7 @@ def compress_stage(
     """Stage 1 by hand: data, teacher, plan and compression into a WORK folder (then compact, export, validate,
     bench, package over it). Takes every `deploy` option; the compressed model stays in the cache."""
     _setup_logging()
-    from flows.deploy import check_new_work, start_work
+    from pipeline.run import check_new_work, start_work
 
     def run() -> None:
         check_new_work(Path(work))  # before the request: a folder in use fails before any data is read
@@ -288,7 +286,7 @@ def _stage(name: str, doc: str) -> None:
 
     def command(work: Annotated[str, typer.Argument(help="Work folder made by `pipeline compress`.")]) -> None:
         _setup_logging()
-        from flows.deploy import run_step
+        from pipeline.run import run_step
 
         report = _guarded(lambda: run_step(Path(work), name))
         typer.echo(Path(work).resolve() if name == "compact" else json.dumps(report, default=str)[:2000])
@@ -321,7 +319,7 @@ def package_stage(
 ) -> None:
     """Stage 6 by hand: publish the work folder as an artifact (report, model card, manifest) in one rename."""
     _setup_logging()
-    from flows.deploy import publish_work
+    from pipeline.run import publish_work
 
     typer.echo(_guarded(lambda: publish_work(Path(work), output, sign_key), publishes_one=True))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export.parity import onnx_logits
 from pipeline.config.schema import DataLimits
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef, resolve_source
@@ -14,6 +13,7 @@ from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.train.metrics import scores
+from pipeline.train.parity import onnx_logits
 from serving.artifact import CONFIG, GRAPHS, MANIFEST, REPORT_JSON, TOKENIZER, ArtifactError, read_manifest, verify
 
 

@@ -64,14 +64,14 @@ def kind_of_class(name: str) -> str | None:
 
 
 def max_positions(config: dict) -> int | None:
-    """Tokens a model's position embeddings cover, from its config.json (RoBERTa-style models and MPNet count after
-    the pad id): no artifact may be tokenised or benchmarked longer."""
+    """Tokens the artifact's position embeddings cover, as its task block says (`positions`, written at export from
+    the model family's rule): no text may be tokenised longer. An artifact from before the block said it: its
+    config's `max_position_embeddings` less 2, the most any supported family reserves (RoBERTa's pad offset)."""
+    positions = (config.get(TASK_KEY) or {}).get("positions")
+    if positions is not None:
+        return positions
     n = config.get("max_position_embeddings")
-    if n is None:
-        return None
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert", "mpnet"):
-        n -= (config.get("pad_token_id") or 1) + 1
-    return n
+    return None if n is None else n - 2
 
 
 class ArtifactError(Exception):

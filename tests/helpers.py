@@ -392,8 +392,8 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
     from export.onnx import export_optimized
     from pipeline.data.tasks import SEQUENCE, get_task
     from pipeline.models.io import auto_class
-    from pipeline.stages.package import new_staging, stamp_task
     from pipeline.stages.package import run as publish
+    from pipeline.staging import new_staging, stamp_task
 
     spec = get_task(task)
     model = tiny_model("bert", num_labels=max(2, spec.num_labels))

@@ -307,9 +307,9 @@ def test_report_md_shows_the_teachers_widths_for_a_model_compressed_narrow(class
     from pipeline.compress.compaction import compact_
     from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
     from pipeline.compress.methods.mlp_fusion.stage import fuse_
+    from pipeline.models.dense_graphs import dense_graphs
     from pipeline.models.io import load_model, save_model
     from pipeline.stages.bench import run as measure_speed
-    from pipeline.stages.export import dense_graphs
 
     teacher = str(classifier_dirs["bert"])  # 2 layers, 2 heads, FFN 64
     model = load_model(teacher)

@@ -85,7 +85,7 @@ def test_distill_and_distill_general_defaults_pass_their_checks_at_every_shape(f
 
 
 def _deploy(method: str, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
-    from flows import deploy as flow
+    from pipeline import run as engine
     from pipeline.request import prepare_request
 
     overrides = ["data.max_train=64", "data.max_dev=16", "teacher.max_steps=2", "bench.batch_sizes=[1]",
@@ -96,9 +96,9 @@ def _deploy(method: str, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
         overrides += [f"{section}.train.max_steps=2"] + ([f"{section}.transfer_steps=2"] if name == "distill" else [])
     request = prepare_request(method, "sst2", model=str(model_dir), output_dir=str(tmp_path / "out"),
                               cache_dir=str(tmp_path / "cache"), overrides=overrides)  # fmt: skip
-    run = flow.prepare(request, plain=True)
-    flow.compress(request, run)
-    artifact = Path(flow.finish(request, run))
+    run = engine.prepare(request)
+    engine.compress(request, run)
+    artifact = Path(engine.finish(request, run))
     return json.loads((artifact / "report.json").read_text()) | {"_card": (artifact / "README.md").read_text()}
 
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from export.onnx import export_optimized, op_counts
-from export.parity import compare_logits, onnx_logits
 from pipeline.compress.compaction import compact_
 from pipeline.compress.methods.mlp_fusion.config import MlpFusionConfig
 from pipeline.compress.methods.mlp_fusion.stage import fuse_
@@ -16,6 +15,7 @@ from pipeline.data.encoding import encode
 from pipeline.data.loaders import load_task_data
 from pipeline.stages.validate import gate_failures
 from pipeline.train.metrics import predict_logits
+from pipeline.train.parity import compare_logits, onnx_logits
 from tests.helpers import tiny_model, tiny_tokenizer
 
 

@@ -136,6 +136,51 @@ def test_onnx_graph_matches_torch(kind, tmp_path):
     assert np.abs(out - ref).max() <= 1e-4 and (out.argmax(1) == ref.argmax(1)).all()
 
 
+@each_family
+def test_ort_fuses_what_the_family_says(kind, tmp_path):
+    """The adapter's `ort_fuses` is what ORT's fuser (`ort_fusion`) gives its graphs: every named fusion is there,
+    and attention is fused exactly where it is named (the families table in the README reads from them)."""
+    model = tiny_family_model(kind)
+    fused = export_optimized(model, None, tmp_path)["fused_ops"]
+    family = family_of(model)
+    assert family.ort_fusion == "bert" and set(family.ort_fuses) <= set(fused), (kind, fused)
+    assert ("Attention" in fused) == ("Attention" in family.ort_fuses), (kind, fused)
+
+
+def test_family_knowledge_lives_on_the_adapter():
+    from pipeline.models.families import byte_level, family_for, mlm_layout
+
+    assert [t for t in SUPPORTED_MODEL_TYPES if byte_level(t)] == ["roberta", "xlm-roberta"]
+    assert {t: mlm_layout(t) for t in SUPPORTED_MODEL_TYPES if mlm_layout(t)} == {
+        "bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta"
+    }  # fmt: skip
+    positions = {  # a hub config's max_position_embeddings and pad id -> the tokens a text may have
+        ("bert", 512, 0): 512, ("roberta", 514, 1): 512, ("xlm-roberta", 514, 1): 512, ("mpnet", 514, 1): 512,
+        ("distilbert", 512, 0): 512, ("electra", 512, 0): 512, ("modernbert", 8192, 50283): 8192,
+    }  # fmt: skip
+    for (model_type, n, pad), usable in positions.items():
+        config = {"model_type": model_type, "max_position_embeddings": n, "pad_token_id": pad}
+        assert family_for(model_type).usable_positions(config) == usable, model_type
+
+
+def test_the_readme_lists_the_families_as_their_adapters_say():
+    """The README's family list and table are written from `FAMILIES`, not by hand: a new family or fusion fails here
+    until the manual says it."""
+    from pathlib import Path
+
+    from pipeline.models.families import FAMILIES, family_titles
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    titles = family_titles()
+    assert f"`--model` takes {', '.join(titles[:-1])} and {titles[-1]} folders" in " ".join(readme.split())
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]]
+            for line in readme.splitlines() if line.startswith("| ") and line.count("|") == 6}  # fmt: skip
+    for f in FAMILIES:
+        assert rows.pop(f.name) == [", ".join(f.model_types), ", ".join(f.ort_fuses), ", ".join(f.byte_level),
+                                    ", ".join(t for t, _ in f.mlm_heads)], f.name  # fmt: skip
+    assert list(rows) == ["family"], rows  # the header, and no family the code does not have
+
+
 def _albert_dir(path):
     """A tiny ALBERT classifier folder: a family without an adapter (its layers share weights)."""
     from transformers import AlbertConfig, AlbertForSequenceClassification

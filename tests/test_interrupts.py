@@ -15,15 +15,14 @@ import numpy as np
 import psutil
 import pytest
 
-from flows import deploy as flow
-from flows import stage_tasks
 from pipeline import interrupts
+from pipeline import run as engine
 from pipeline.request import prepare_request
 from pipeline.stages import STAGES
 from tests.helpers import LOOSE_GATES, quick_args, wait_until, write_tiny_model_dir
 
-# every stage boundary of a deploy (the plan runs only for a speed target), with the task that starts there
-BOUNDARIES = {name: getattr(stage_tasks, name) for name in STAGES if name != "plan"}
+# every stage boundary of a deploy (the plan runs only for a speed target)
+BOUNDARIES = [name for name in STAGES if name != "plan"]
 FAST = ("config.tune_steps=2", "config.train.max_steps=2", "teacher.max_steps=2", "data.max_train=64",
         "data.max_dev=16", "gates.int8_max_drop=100", "gates.max_metric_drop=100", "bench.batch_sizes=[1]",
         "bench.seq_lens=[16]", "bench.min_runs=1", "bench.max_runs=1", "bench.warmup=0")  # fmt: skip
@@ -162,13 +161,12 @@ def tiny_run(tmp_path_factory):
 
 @DROPPED
 @pytest.mark.parametrize("dropped", [False, True], ids=["raised", "dropped"])
-@pytest.mark.parametrize("stage", list(BOUNDARIES))
+@pytest.mark.parametrize("stage", BOUNDARIES)
 def test_a_stop_signal_at_any_stage_boundary_publishes_nothing(stage, dropped, tiny_run, tmp_path, monkeypatch, armed):
     """The plain deploy (the same steps as the flow, without a Prefect server) gets SIGINT as `stage` starts;
     `dropped`: the signal lands in a cleanup function, so only the next boundary check can stop the run."""
     model, cache = tiny_run
-    task = BOUNDARIES[stage]
-    original = task.fn
+    original = engine.PLAIN[stage]
 
     def signalled(*args, **kwargs):
         if dropped:
@@ -178,14 +176,14 @@ def test_a_stop_signal_at_any_stage_boundary_publishes_nothing(stage, dropped, t
             signal.raise_signal(signal.SIGINT)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(task, "fn", signalled)
+    monkeypatch.setitem(engine.PLAIN, stage, signalled)
     out = tmp_path / "out"
     request = prepare_request("mlp_fusion", "sst2", model=str(model), output_dir=str(out), cache_dir=str(cache),
                               overrides=FAST)  # fmt: skip
     with pytest.raises(interrupts.Interrupted):
-        run = flow.prepare(request, plain=True)
-        flow.compress(request, run)
-        flow.finish(request, run)
+        run = engine.prepare(request)
+        engine.compress(request, run)
+        engine.finish(request, run)
     assert not out.exists() or list(out.iterdir()) == []  # no artifact, no staging folder, no lock file
     assert not [p for p in cache.rglob(".*-*") if p.is_dir()]  # no half-built cache entry
 
@@ -229,14 +227,14 @@ _HANGS_WHILE_UNWINDING = """
 import sys, time
 from pipeline import interrupts
 from pipeline.cli import _guarded
-from pipeline.stages import package
+from pipeline import staging as layout
 
 def body():
     staging = None
     while True:
         try:
             if staging is None:
-                staging = package.new_staging(sys.argv[1], "artifact")
+                staging = layout.new_staging(sys.argv[1], "artifact")
                 print(staging, flush=True)
             time.sleep(60)
         except interrupts.Interrupted:
@@ -330,10 +328,10 @@ def test_a_stop_signal_ends_scoring_and_timing_loops_between_batches(armed, tmp_
     """A stop during a long validation (a 200 KB QA context) or benchmark used to run it to the end: the grace
     deadline ended the process. Every batch of a scoring pass and every round of a timing loop checks the flag."""
     from export import benchmark
-    from export.parity import onnx_logits
     from pipeline.config.schema import BenchSettings
     from pipeline.data.encoding import Encoded
     from pipeline.train.metrics import predict_logits
+    from pipeline.train.parity import onnx_logits
     from tests.helpers import tiny_artifact, tiny_model
 
     features = [{"input_ids": [2, 5 + i % 7, 3], "attention_mask": [1, 1, 1]} for i in range(64 * 5)]
@@ -352,8 +350,8 @@ def test_a_stop_signal_ends_scoring_and_timing_loops_between_batches(armed, tmp_
             onnx_logits(graph, enc, batch_size=64)
         elif loop == "benchmark cell":
             cfg = BenchSettings(batch_sizes=[1], seq_lens=[8], warmup=0, min_runs=10, max_runs=10)
-            benchmark.benchmark({"dense": graph}, 100, cfg)
+            benchmark.benchmark({"dense": graph}, 100, cfg, interrupts.check)
         else:
             batch = {n: np.full((2, 8), v, np.int64) for n, v in (("input_ids", 5), ("attention_mask", 1),
                                                                  ("token_type_ids", 0))}  # fmt: skip
-            benchmark.real_lengths({"dense": graph}, [batch] * 4, rounds=3)
+            benchmark.real_lengths({"dense": graph}, [batch] * 4, rounds=3, check=interrupts.check)

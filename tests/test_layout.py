@@ -1,6 +1,7 @@
-"""The code's shape: every import points down the road (config → data → models → train → compress → stages /
-export → request → flows → cli), no import cycles, the server imports nothing of the pipeline, and the pipeline
-nothing of the server but the artifact contract (its files, and how its outputs are decoded)."""
+"""The code's shape: every import points down the road (config → data → models → train → compress → stages →
+request → run → flows → cli), no import cycles, no stage imports another, the server and the exporter import
+nothing of the pipeline, the pipeline nothing of the server but the artifact contract (its files, and how its
+outputs are decoded), and each piece of the house has one home (the staging layout, the run engine)."""
 
 import ast
 import subprocess
@@ -13,19 +14,21 @@ PACKAGES = ("pipeline", "flows", "export", "serving")
 # how its outputs become answers and entities (spans), which the pipeline's metrics decode exactly as served.
 CONTRACT = ("serving.artifact", "serving.spans")
 
-# A module may import its own unit and units of a lower rank only: `export` (ONNX export, sessions, parity, the
-# timing harness) knows nothing of the stages that use it. The server stands apart: the slim image installs it
-# without the rest, and the pipeline imports only its artifact contract.
+# A module may import its own unit and units of a lower rank only. `export` (ONNX export, fusion, int8, sessions,
+# the timing harness) is a leaf: it takes what it needs as arguments and imports nothing of the pipeline (only the
+# artifact contract), so every unit may use it. The server stands apart: the slim image installs it without the
+# rest, and the pipeline imports only its artifact contract.
 RANKS = {
+    "export": -1,
     "base": 0,
     "config": 1,
     "data": 2,
     "models": 3,
     "train": 4,
     "compress": 5,
-    "export": 6,
-    "stages": 7,
-    "request": 8,
+    "stages": 6,
+    "request": 7,
+    "run": 8,
     "flows": 9,
     "cli": 10,
 }
@@ -38,9 +41,9 @@ def unit(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("sweep", "pareto", "evaluate"):  # a sweep's requests and its analysis, `evaluate`: beside the request
         return "request"
-    if sub in ("config", "data", "models", "train", "compress", "stages", "request", "cli"):
+    if sub in ("config", "data", "models", "train", "compress", "stages", "request", "run", "cli"):
         return sub
-    return "base"  # pipeline/__init__, errors, cache, paths, report, interrupts, watchdog
+    return "base"  # pipeline/__init__, errors, cache, paths, report, interrupts, watchdog, staging, jsonfile
 
 
 def project_modules() -> dict[str, Path]:
@@ -143,6 +146,46 @@ def test_the_checks_fail_on_an_uphill_import_and_a_cycle(tmp_path):
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a -> b -> c -> a"]
 
 
+def test_no_stage_imports_another_stage():
+    """Stages share the staging layout (`pipeline.staging`) and lower units, never each other: the run engine
+    alone knows their order."""
+    found = [f"{m} -> {d}" for m, deps in graph().items() if m.startswith("pipeline.stages.")
+             for d in deps if d.startswith("pipeline.stages.")]  # fmt: skip
+    assert not found, "stages importing stages:\n" + "\n".join(found)
+
+
+# each name is defined (assigned, or a def or class) in its home module and nowhere else in the project
+HOMES = {
+    "pipeline.staging": ("WORK", "DENSE_GRAPHS", "STAGING_PREFIX", "stamp_task", "new_staging", "discard"),
+    "pipeline.run": ("Run", "STATE_FILE", "STEPS", "prepare", "finish", "run_step", "start_work", "publish_work"),
+    "pipeline.compress.deploy_config": ("DeployConfig",),
+}
+
+
+def defined_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_every_piece_of_the_house_has_one_home():
+    """The staging layout, the run engine and the deploy config are defined once, where the docs say; the flows
+    define no class (they only sequence the engine's steps)."""
+    modules = project_modules()
+    for home, names in HOMES.items():
+        assert set(names) <= defined_names(modules[home]), home
+        elsewhere = {m: set(names) & defined_names(p) for m, p in modules.items() if m != home}
+        assert not {m: n for m, n in elsewhere.items() if n}, f"defined outside {home}: {elsewhere}"
+    for module, path in modules.items():
+        if module.startswith("flows."):
+            assert not [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)], module
+
+
 def test_methods_are_listed_without_importing_any_other_pipeline_module_first():
     """Registration is the registry's own table, not a side effect of importing `pipeline` or a method package."""
     code = (
@@ -206,8 +249,8 @@ def test_the_stages_the_flow_the_commands_and_the_readme_match_one_to_one():
     import re
 
     from flows import stage_tasks
-    from flows.deploy import STEPS
     from pipeline.cli import app
+    from pipeline.run import STEPS
     from pipeline.stages import OWN_FLOW, STAGES
 
     for name in STAGES:

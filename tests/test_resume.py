@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import checkpoints
-from pipeline.stages.package import STAGING_PREFIX, new_staging, remove_dead_stagings
+from pipeline.staging import STAGING_PREFIX, new_staging, remove_dead_stagings
 from tests.helpers import LOOSE_GATES, quick_args, run_cli, wait_until, write_tiny_model_dir
 
 CHAIN = (
@@ -100,7 +100,7 @@ def test_a_killed_runs_staging_folder_is_removed_by_the_next_run(classifier_dirs
 def test_a_live_runs_staging_folder_is_never_removed(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pipeline.stages.package import new_staging; "
+        [sys.executable, "-c", "import sys, time; from pipeline.staging import new_staging; "
          "s = new_staging(sys.argv[1], 'live'); print(s, flush=True); time.sleep(600)", str(out)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1],
     )  # fmt: skip

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from export.onnx import export_onnx, optimize_onnx
-from export.parity import compare_logits, onnx_logits
 from pipeline.compress.methods.smp.verbalizer import (
     LABEL_WORDS,
     build_verbalizer_classifier,
@@ -17,6 +16,7 @@ from pipeline.data.loaders import load_task_data
 from pipeline.data.tasks import SEQUENCE, TASKS, get_task
 from pipeline.errors import PipelineError
 from pipeline.train.metrics import predict_logits
+from pipeline.train.parity import compare_logits, onnx_logits
 from tests.helpers import tiny_model, tiny_tokenizer, write_tiny_model_dir
 
 KINDS = ["bert", "roberta"]

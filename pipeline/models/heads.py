@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from pipeline.errors import PipelineError
+from pipeline.models.families import mlm_layout, mlm_model_types
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
 HEAD_NAME = "verbalizer"
-BYTE_LEVEL_TYPES = ("roberta", "xlm-roberta")  # tokenizers that need the word's leading space
 
 
 def _activation(config: PretrainedConfig) -> nn.Module:
@@ -30,7 +30,7 @@ def _activation(config: PretrainedConfig) -> nn.Module:
     """
     from transformers.activations import ACT2FN
 
-    return ACT2FN[config.hidden_act if config.model_type == "bert" else "gelu"]
+    return ACT2FN[config.hidden_act if mlm_layout(config.model_type) == "bert" else "gelu"]
 
 
 class VerbalizerPooler(nn.Module):
@@ -58,8 +58,9 @@ class VerbalizerClassificationHead(VerbalizerPooler):
 
 
 def _check_type(config: PretrainedConfig) -> None:
-    if config.model_type != "bert" and config.model_type not in BYTE_LEVEL_TYPES:
-        raise PipelineError(f"the verbalizer head supports bert, roberta and xlm-roberta, not {config.model_type!r}")
+    if mlm_layout(config.model_type) is None:
+        supported = ", ".join(mlm_model_types())
+        raise PipelineError(f"the verbalizer head supports {supported}, not {config.model_type!r}")
 
 
 def install_verbalizer_(model: PreTrainedModel) -> None:
@@ -71,7 +72,7 @@ def install_verbalizer_(model: PreTrainedModel) -> None:
     config = model.config
     _check_type(config)
     dtype = next(model.parameters()).dtype
-    if config.model_type == "bert":
+    if mlm_layout(config.model_type) == "bert":
         model.base_model.pooler = VerbalizerPooler(config).to(dtype)  # `classifier` is already hidden → labels
     else:
         model.classifier = VerbalizerClassificationHead(config).to(dtype)
@@ -79,6 +80,6 @@ def install_verbalizer_(model: PreTrainedModel) -> None:
 
 def head_modules(model: PreTrainedModel) -> tuple[VerbalizerPooler, nn.Linear]:
     """The installed transform and its label-word Linear."""
-    if model.config.model_type == "bert":
+    if mlm_layout(model.config.model_type) == "bert":
         return model.base_model.pooler, model.classifier
     return model.classifier, model.classifier.out_proj

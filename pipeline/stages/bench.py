@@ -7,13 +7,13 @@ import logging
 from pathlib import Path
 
 from export.benchmark import benchmark, encoder_flops, plot_latency, real_lengths, speedups
+from pipeline import interrupts
 from pipeline.config.schema import BenchSettings
 from pipeline.data.encoding import collate, encode
 from pipeline.data.loaders import DataRef
 from pipeline.models.families import arch_of
 from pipeline.models.folders import load_tokenizer, param_count
-from pipeline.stages.export import DENSE_GRAPHS
-from pipeline.stages.package import WORK
+from pipeline.staging import DENSE_GRAPHS, WORK
 from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH, TASK_KEY, trained_length
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def run(
         "compressed": staging_path / GRAPHS["fp32"],
         "compressed-int8": staging_path / GRAPHS["int8"],
     }
-    result = benchmark(models, comp["vocab_size"], settings)
+    result = benchmark(models, comp["vocab_size"], settings, interrupts.check)
     ratios = speedups(result, "dense")
     bounds = {s: flops(dense, s) / flops(comp, s) for s in settings.seq_lens}
     for r in ratios:
@@ -112,7 +112,9 @@ def real_length_speed(
     for start in range(0, n, batch):
         tensors = collate(enc, list(range(start, min(n, start + batch))))
         batches.append({k: v.numpy() for k, v in tensors.items() if k != "labels"})
-    result = real_lengths(models, batches, settings.real_length_rounds, settings.threads, settings.busy_cores)
+    result = real_lengths(
+        models, batches, settings.real_length_rounds, settings.threads, settings.busy_cores, interrupts.check
+    )
     speeds = {m: r["examples_per_s"] for m, r in result["models"].items()}
     for m, r in result["models"].items():
         r["speedup"] = round(speeds[m] / speeds["dense"], 3)

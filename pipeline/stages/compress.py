@@ -11,13 +11,14 @@ from pathlib import Path
 
 from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
 from pipeline.compress.context import StageContext
-from pipeline.compress.registry import Method, chain_configs
-from pipeline.config.schema import DeployConfig, MethodConfig
+from pipeline.compress.deploy_config import DeployConfig
+from pipeline.compress.exact_compaction import compact_folder
+from pipeline.compress.registry import Method
+from pipeline.config.schema import MethodConfig
 from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import DataRef, TaskData
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model, save_model
-from pipeline.stages import compact
 from pipeline.train.augment import with_augmented
 from pipeline.train.kd_teacher import load_kd_teacher
 from pipeline.train.teacher_outputs import TeacherOutputs
@@ -45,7 +46,7 @@ def run(
     (the `compact` stage does it into the artifact). `base_model` is the pre-trained folder, for a first method
     that can start from it (SMP's verbalizer head). `none` returns the teacher itself.
     """
-    chain = chain_configs(config)
+    chain = config.chain_configs
     if all(m.apply_path is None for m, _ in chain):
         return {"path": teacher_dir, "cached": False, "method": config.method, "stages": []}
     data = ref.load()
@@ -142,7 +143,7 @@ def _compacted(
     key = key_of(stage="compacted", src=dir_digest(Path(compressed_dir)), atol=atol, max_length=max_length)
 
     def build(out: Path) -> None:
-        write_report(out, compact.run(compressed_dir, ref, str(out), atol, max_length))
+        write_report(out, compact_folder(compressed_dir, ref, str(out), atol, max_length))
 
     path, hit = cached_build(Path(cache_dir), "compacted", key, build)
     return str(path), hit

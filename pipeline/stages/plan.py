@@ -25,22 +25,23 @@ from typing import TYPE_CHECKING, Any
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
 from export.onnx import export_optimized, library_versions
 from export.sessions import physical_cores
+from pipeline import interrupts
 from pipeline.cache import cached_build, key_of
 from pipeline.compress.compaction import cut_from
+from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.shapes import (
     LatencyTable,
     apply_shape,
     check_hidden_options,
     check_target_chain,
-    cuts_student,
     layer_options,
     search_widths,
-    student_folder,
 )
-from pipeline.config.schema import BenchSettings, DeployConfig, TargetConfig
+from pipeline.config.schema import BenchSettings, TargetConfig
 from pipeline.errors import PipelineError
+from pipeline.models.dense_graphs import dense_graphs
 from pipeline.models.families import Arch, arch_of
-from pipeline.stages.export import DENSE_GRAPHS, dense_graphs
+from pipeline.staging import DENSE_GRAPHS
 from serving.artifact import CONFIG, GRAPHS
 
 if TYPE_CHECKING:
@@ -168,11 +169,12 @@ def _export_probes(
 
     model = _probe_source(teacher_dir, planned_on, arch)
     probes: dict[str, tuple[int, int | None, int | None]] = {f"{h}x{f}": (1, h, f) for h in heads for f in ffn}
-    direct = family_of(model).runs_without_layers
+    family = family_of(model)
+    direct = family.runs_without_layers
     probes[FIXED_PROBE] = (0, None, None) if direct else (2, heads[0], ffn[0])
     models = {}
     for name, (n, h, f) in probes.items():
-        export_optimized(cut_from(model, list(range(n)), h, f)[0], None, tmp / name)
+        export_optimized(cut_from(model, list(range(n)), h, f)[0], None, tmp / name, fusion=family.ort_fusion)
         models[name] = tmp / name / GRAPHS["int8"]
     models["dense"] = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
     return models, direct
@@ -183,7 +185,7 @@ def _time_probes(
 ) -> dict:
     """One timing of every probe: the table's fields, the device and the machine's load."""
     log.info("latency table: timing %d probes at %dx%d", len(models), settings.batch_sizes[0], settings.seq_lens[0])
-    result = benchmark(models, arch.vocab, settings)
+    result = benchmark(models, arch.vocab, settings, interrupts.check)
     p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
     smallest = p50[f"{heads[0]}x{ffn[0]}"]
     table = LatencyTable(
@@ -235,10 +237,11 @@ def _worst(machine: dict) -> float:
     return max(machine["others_cores"], machine["others_cores_worst_cell"] or 0.0)
 
 
-def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
-    """The shape that meets `config.target.speedup`, and the configuration that prunes to it."""
-    check_target_chain(config.method)
-    target, folder = config.target, student_folder(config)
+def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, DeployConfig]:
+    """The shape that meets `config.target.speedup` (the plan's record, for the report), and the configuration that
+    prunes to it."""
+    check_target_chain(config)
+    target, folder = config.target, config.student_folder
     check_hidden_options(config, json.loads((Path(teacher_dir) / CONFIG).read_text()))
     records = [table_record(teacher_dir, target, config.bench, cache_dir, folder)]
     own = records[0]["teacher"]["hidden"]
@@ -252,13 +255,13 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
             tables, target.speedup, options, target.headroom, target.min_heads, target.objective
         )
     except PipelineError as e:
-        if not cuts_student(config) or min(options) == 1:
+        if not config.cuts_student or min(options) == 1:
             raise
         raise PipelineError(  # name the depth floor: the user can lower it
             f"{e}; shallower students are out: target.min_depth {target.min_depth:g} and target.layers keep at "
             f"least {min(options)} of the teacher's {depth} layers (a recipe such as `layerwise` sets it)"
         ) from None
-    record = records[tables.index(table)]
+    measured = records[tables.index(table)]
     aim = target.speedup * (1 + target.headroom)
     planned = apply_shape(config, shape, table.teacher, shape.hidden if shape.hidden != own else None)
     log.info(
@@ -274,18 +277,19 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> dict:
         shape.predicted_ms,
         table.dense_fp32_ms,
     )
-    return {
+    plan = {
         "target_speedup": config.target.speedup,
         "planned_at": round(aim, 4),
         "shape": shape.as_dict(),
         "method": planned.method,
-        "config": planned.config,
+        "config": planned.sections,
         "table": {
             "dense_fp32_ms": table.dense_fp32_ms,
             "fixed_ms": table.fixed_ms,
             "batch": table.batch,
             "seq": table.seq,
-            "machine": record["machine"],  # the load it was measured under; busy only with target.accept_busy
-            "cache": record["cache"],
+            "machine": measured["machine"],  # the load it was measured under; busy only with target.accept_busy
+            "cache": measured["cache"],
         },
     }
+    return plan, planned

@@ -9,16 +9,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from export.parity import ParityReport, compare_logits, onnx_logits
 from pipeline.config.schema import Gates
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef
 from pipeline.errors import GateError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
-from pipeline.stages.export import DENSE_GRAPHS
-from pipeline.stages.package import WORK
+from pipeline.staging import DENSE_GRAPHS, WORK
 from pipeline.train.metrics import predict_logits, scores
+from pipeline.train.parity import ParityReport, compare_logits, onnx_logits
 from serving.artifact import GRAPHS, PYTORCH
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.config.int8 import REDUCE_RANGE
+from export.int8 import REDUCE_RANGE
 
 WEIGHT_QMAX = 64 if REDUCE_RANGE else 127  # ORT's symmetric range: q in [-QMAX, QMAX], scale max|w| / QMAX
 

@@ -1,5 +1,5 @@
 """Run an ONNX graph over the same batches as torch, and compare its prediction rows. The one parity
-implementation."""
+implementation (validation's gates, `pipeline evaluate`, the benchmarks' accuracy columns)."""
 
 from __future__ import annotations
 

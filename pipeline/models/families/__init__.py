@@ -29,7 +29,11 @@ __all__ = [
     "Matrix",
     "arch_of",
     "family_for",
+    "byte_level",
     "family_of",
+    "family_titles",
+    "mlm_layout",
+    "mlm_model_types",
     "random_model",
 ]
 
@@ -42,6 +46,28 @@ def family_for(model_type: str | None, where: str = "model") -> Family:
         raise PipelineError(
             f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         ) from None
+
+
+def family_titles() -> list[str]:
+    """Every supported model type as people write it (BERT, RoBERTa, ...), in the families' order."""
+    return [title for f in FAMILIES for title in f.titles]
+
+
+def mlm_layout(model_type: str | None) -> str | None:
+    """The masked-LM head layout of `model_type`'s checkpoints (`bert`, `roberta`; None: none the verbalizer reads)."""
+    family = BY_TYPE.get(model_type)
+    return family.mlm_head(model_type) if family else None
+
+
+def mlm_model_types() -> tuple[str, ...]:
+    """The model types whose checkpoints carry a masked-LM head the verbalizer starts from."""
+    return tuple(t for f in FAMILIES for t, _ in f.mlm_heads)
+
+
+def byte_level(model_type: str | None) -> bool:
+    """`model_type`'s tokenizer is byte-level BPE: a word mid-text is a different token from a word at the start."""
+    family = BY_TYPE.get(model_type)
+    return bool(family) and model_type in family.byte_level
 
 
 def family_of(model: Any) -> Family:

@@ -10,10 +10,11 @@ cutting, MLP Fusion and the per-layer loader are the same code for every family 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the adapters import no torch themselves: the CLI lists families without it
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,18 @@ class Family:
     token_types: bool = True  # the model's forward takes token_type_ids
     runs_without_layers: bool = True  # a copy with no layer left still runs (the latency table's fixed-cost probe)
     narrows_from_teacher: bool = True  # a student of fewer heads a layer can be cut from it at a narrower hidden size
+    titles: tuple[str, ...]  # how people write each of `model_types` (help texts, the README's list)
+    # What ONNX Runtime's transformer optimizer does with this family's graphs: `ort_fusion` is the optimizer's
+    # model type whose fuser matches them (None: ORT's own graph optimisations only), `ort_fuses` the fused ops a
+    # graph of every model type of the family gets (tests/test_families.py checks both ways: attention is fused
+    # exactly where it is named). Measured by `benchmarks/families.py`.
+    ort_fusion: str | None = "bert"
+    ort_fuses: tuple[str, ...] = ("SkipLayerNormalization", "BiasGelu")
+    byte_level: tuple[str, ...] = ()  # model types with a byte-level BPE tokenizer: a word needs its leading space
+    # model types whose checkpoints have a masked-LM head, by layout: `bert` (`cls.predictions`, BERT's pooler slot
+    # free for the verbalizer's transform) or `roberta` (`lm_head`, the transform in the `classifier` slot)
+    mlm_heads: tuple[tuple[str, str], ...] = ()
+    positions_after_pad: tuple[str, ...] = ()  # model types whose position ids start after the pad id
     layers_field: str = "num_hidden_layers"
     ffn_field: str = "intermediate_size"  # the uniform width in its config (the widest layer once compacted)
     heads_field: str = "num_attention_heads"
@@ -89,6 +102,8 @@ class Family:
         return getattr(model, "base_model", model).get_submodule(self.layers_path)
 
     def set_layers_(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        from torch import nn
+
         getattr(model, "base_model", model).set_submodule(self.layers_path, nn.ModuleList(blocks))
         setattr(model.config, self.layers_field, len(blocks))
 
@@ -133,6 +148,19 @@ class Family:
 
     def rebuild_(self, model: nn.Module) -> None:
         """Apply `layer_record`'s fields (in `model.config`) to a freshly built model."""
+
+    def mlm_head(self, model_type: str) -> str | None:
+        """The masked-LM head layout of `model_type`'s checkpoints (`bert`, `roberta`), None when it has none the
+        verbalizer can start from."""
+        return dict(self.mlm_heads).get(model_type)
+
+    def usable_positions(self, config: dict[str, Any]) -> int | None:
+        """Tokens the position embeddings of a model with this `config.json` cover (None: the config does not
+        say): RoBERTa-style models and MPNet count their positions after the pad id."""
+        n = config.get("max_position_embeddings")
+        if n is not None and config.get("model_type") in self.positions_after_pad:
+            n -= (config.get("pad_token_id") or 1) + 1
+        return n
 
     def check(self, config: dict[str, Any]) -> str | None:
         """Why this family cannot take a model with this config (None: it can)."""

@@ -10,6 +10,11 @@ from pipeline.models.families.base import Family, Matrix
 class Bert(Family):
     name = "bert"
     model_types = ("bert", "roberta", "xlm-roberta")
+    titles = ("BERT", "RoBERTa", "XLM-RoBERTa")
+    ort_fuses = ("Attention", "SkipLayerNormalization", "BiasGelu")
+    byte_level = ("roberta", "xlm-roberta")
+    mlm_heads = (("bert", "bert"), ("roberta", "roberta"), ("xlm-roberta", "roberta"))
+    positions_after_pad = ("roberta", "xlm-roberta")
     layers_path = "encoder.layer"
     attention = "attention"
     attention_norm = "output.LayerNorm"

@@ -15,6 +15,9 @@ class DebertaV2(Bert):
 
     name = "deberta-v2"
     model_types = ("deberta-v2",)
+    titles = ("DeBERTa-v2/v3",)
+    ort_fuses = ("SkipLayerNormalization", "BiasGelu")  # the disentangled scores sit between attention's matmuls
+    byte_level = mlm_heads = positions_after_pad = ()  # SentencePiece; relative positions
     always_pair = True
     runs_without_layers = False  # transformers' DeBERTa-v2 encoder fails on an empty layer list
     head_readers = (

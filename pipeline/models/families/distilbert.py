@@ -3,16 +3,19 @@ block; its config names the shape `n_layers`, `n_heads`, `dim`, `hidden_dim`, an
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from pipeline.models.families.base import Arch, Family, Matrix
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class DistilBert(Family):
     name = "distilbert"
     model_types = ("distilbert",)
+    titles = ("DistilBERT",)
+    ort_fuses = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
     layers_path = "transformer.layer"
     attention = "attention"
     counts = "attention"

@@ -8,3 +8,6 @@ from pipeline.models.families.bert import Bert
 class Electra(Bert):
     name = "electra"
     model_types = ("electra",)
+    titles = ("ELECTRA",)
+    ort_fuses = ("EmbedLayerNormalization", "Attention", "SkipLayerNormalization", "BiasGelu")
+    byte_level = mlm_heads = positions_after_pad = ()  # a discriminator: WordPiece, no masked-LM head

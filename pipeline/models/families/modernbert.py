@@ -5,12 +5,13 @@ are global and which have that norm is saved per layer, so a student cut from an
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from pipeline.models.families.base import Family, Matrix
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 GLOBAL, NORM = "layer_global_attention", "layer_attention_norm"
 
@@ -18,6 +19,8 @@ GLOBAL, NORM = "layer_global_attention", "layer_attention_norm"
 class ModernBert(Family):
     name = "modernbert"
     model_types = ("modernbert",)
+    titles = ("ModernBERT",)
+    ort_fuses = ("SkipLayerNormalization",)  # rotary and fused QKV match no attention pattern; the FFN is gated
     layers_path = "layers"
     attention = "attn"
     counts = "attn"
@@ -50,6 +53,8 @@ class ModernBert(Family):
         return q, k, v
 
     def layer_record(self, model: nn.Module) -> dict[str, list]:
+        from torch import nn
+
         blocks = self.layers(model)
         return {
             GLOBAL: [getattr(b.attn, "local_attention", (-1, -1)) == (-1, -1) for b in blocks],
@@ -57,6 +62,7 @@ class ModernBert(Family):
         }
 
     def rebuild_(self, model: nn.Module) -> None:
+        from torch import nn
         from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
 
         config = model.config

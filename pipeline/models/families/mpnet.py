@@ -5,17 +5,19 @@ a self-attention subclass whose `kept_heads` buffer (saved with the weights) ind
 from __future__ import annotations
 
 import functools
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from pipeline.models.families.base import Family, Matrix
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @functools.cache
 def _selected_heads_attention() -> type:
     """MPNet self-attention over a subset of the heads it was built with, `kept_heads` (indices into the bias)."""
+    import torch
     from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
     class SelectedHeadsAttention(MPNetSelfAttention):
@@ -40,6 +42,9 @@ def _select(att: nn.Module, kept: torch.Tensor) -> None:
 class MPNet(Family):
     name = "mpnet"
     model_types = ("mpnet",)
+    titles = ("MPNet",)
+    # the default fuses; the relative position bias's Add sits between attention's matmuls
+    positions_after_pad = ("mpnet",)
     layers_path = "encoder.layer"
     attention = "attention"
     attention_norm = "LayerNorm"
@@ -61,6 +66,8 @@ class MPNet(Family):
         return super().config(model_type, layers, heads, hidden, ffn, **{"pad_token_id": 0, **fields})
 
     def heads_kept_(self, block: nn.Module, keep: torch.Tensor) -> None:
+        import torch
+
         att = block.attention.attn
         before = getattr(att, "kept_heads", None)
         index = torch.arange(keep.numel(), device=keep.device) if before is None else before
@@ -69,4 +76,4 @@ class MPNet(Family):
     def prepare_load_(self, block: nn.Module, prefix: str, state: dict[str, torch.Tensor]) -> None:
         kept = state.get(f"{prefix}.{self.counts}.kept_heads")
         if kept is not None:
-            _select(block.attention.attn, torch.zeros_like(kept))
+            _select(block.attention.attn, kept.new_zeros(kept.shape))

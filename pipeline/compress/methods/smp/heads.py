@@ -8,8 +8,8 @@ from typing import Any
 from pipeline.compress.methods.smp.verbalizer import LABEL_WORDS, has_mlm_head, label_word_ids
 from pipeline.data.tasks import SEQUENCE, TaskSpec
 from pipeline.errors import PipelineError
+from pipeline.models.families import mlm_layout, mlm_model_types
 from pipeline.models.folders import load_tokenizer
-from pipeline.models.heads import BYTE_LEVEL_TYPES
 
 
 def resolve_head(
@@ -26,12 +26,10 @@ def resolve_head(
             raise PipelineError(f"smp head 'verbalizer' is for sequence classification; task {task.name} is "
                                 f"{task.kind}: use head 'classifier'")  # fmt: skip
         return "classifier", None
-    if cfg.head == "verbalizer" and model_type != "bert" and model_type not in BYTE_LEVEL_TYPES:
-        raise PipelineError(
-            f"smp head 'verbalizer' supports bert, roberta and xlm-roberta, not {model_type!r}: use head 'classifier'"
-        )
-    mlm = model_type == "bert" or model_type in BYTE_LEVEL_TYPES
-    mlm = mlm and has_mlm_head(model_dir)
+    if cfg.head == "verbalizer" and mlm_layout(model_type) is None:
+        supported = ", ".join(mlm_model_types())
+        raise PipelineError(f"smp head 'verbalizer' supports {supported}, not {model_type!r}: use head 'classifier'")
+    mlm = mlm_layout(model_type) is not None and has_mlm_head(model_dir)
     if cfg.head == "verbalizer" and not mlm:
         raise PipelineError(f"smp head 'verbalizer' needs a base model with an MLM head; {model_dir} has none")
     if cfg.head == "classifier" or not mlm:

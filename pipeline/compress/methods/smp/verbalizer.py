@@ -16,8 +16,9 @@ import torch
 
 from pipeline.data.tasks import TaskSpec
 from pipeline.errors import PipelineError, one_line
+from pipeline.models.families import byte_level, mlm_layout
 from pipeline.models.folders import WEIGHTS, check_model_dir, load_tokenizer, safetensors_header
-from pipeline.models.heads import BYTE_LEVEL_TYPES, HEAD_NAME, head_modules, install_verbalizer_
+from pipeline.models.heads import HEAD_NAME, head_modules, install_verbalizer_
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -45,7 +46,7 @@ def label_word_ids(tokenizer: PreTrainedTokenizerBase, words: list[str], model_t
     Raises:
         PipelineError: a word is split, unknown, or two words share a token.
     """
-    prefix = " " if model_type in BYTE_LEVEL_TYPES else ""
+    prefix = " " if byte_level(model_type) else ""
     ids = []
     for word in words:
         pieces = tokenizer.tokenize(prefix + word)
@@ -112,7 +113,7 @@ def build_verbalizer_classifier(
     if unexpected or any(not k.startswith("pooler.") for k in missing):  # only BERT's pooler slot is ours to fill
         raise PipelineError(f"{model_dir}: encoder weights do not match (missing {missing}, unexpected {unexpected})")
 
-    if config.model_type == "bert":
+    if mlm_layout(config.model_type) == "bert":
         src = mlm.cls.predictions.transform
         src_dense, src_norm = src.dense, src.LayerNorm
     else:
