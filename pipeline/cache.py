@@ -90,6 +90,20 @@ def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]
     return final, False
 
 
+def cached_stage(
+    cache_dir: str | Path, folder: str, key_parts: dict[str, Any], build: Callable[[Path], dict]
+) -> tuple[Path, bool, dict]:
+    """A stage's cached output: the entry keyed by `key_parts` (`key_of`) under `folder`, built on a miss by
+    `build(entry)`, whose returned report is kept beside the entry. Returns (entry, hit, report): a hit reports
+    what the build did."""
+
+    def built(out: Path) -> None:
+        write_report(out, build(out))
+
+    path, hit = cached_build(Path(cache_dir), folder, key_of(**key_parts), built)
+    return path, hit, read_report(path)
+
+
 def write_report(folder: Path, report: dict) -> None:
     """Keep a stage's report beside the entry it built (a cache hit then reports what the build did)."""
     (Path(folder) / REPORT).write_text(json.dumps(report, indent=2, default=str))

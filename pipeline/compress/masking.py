@@ -19,7 +19,7 @@ SMP-S, which splits the budget across the layers of each kind by the soft count 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,10 @@ from pipeline.config.schema import Allocation, AttentionGranularity, FfnGranular
 from pipeline.errors import PipelineError
 from pipeline.models.families import family_of
 from pipeline.models.layers import ScaledLinear, encoder_layers, head_readers, new_linear
+from pipeline.train.loop import num_steps
+
+if TYPE_CHECKING:
+    from pipeline.compress.pruning_config import PruningConfig
 
 
 @dataclass(frozen=True)
@@ -347,3 +351,26 @@ def _matrix_grid(lin: MaskedLinear, granularity: str, block: tuple[int, int], wh
     if out % r or inp % c:
         raise PipelineError(f"block {r}x{c} does not divide {where} ({out}x{inp})")
     return (out // r, inp // c), [(lin, Layout("blocks", block=(r, c)))]
+
+
+@dataclass
+class PruningRun:
+    """What both pruning methods (smp, gmp) start from: the masks on the model, the training steps this data
+    gives, the fraction of units kept at the end and the allocation that shares it out."""
+
+    masker: Masker
+    steps: int
+    final_keep: float
+    allocation: Allocation
+
+    @classmethod
+    def start(cls, model: nn.Module, cfg: PruningConfig, examples: int) -> PruningRun:
+        masker = Masker.from_config(model, cfg.mask)
+        final_keep = masker.final_keep(cfg.mask, cfg.sparsity)
+        return cls(masker, num_steps(cfg.train, examples), final_keep, cfg.mask.allocation_used)
+
+    def report_into(self, report: dict, **schedule: object) -> None:
+        """The masks back on the CPU (they were computed next to the weights), and the schedule and masks kept."""
+        self.masker.to_("cpu")
+        report["schedule"] = {"steps": self.steps, **schedule}
+        report["mask"] = self.masker.summary()

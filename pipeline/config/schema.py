@@ -244,19 +244,6 @@ class MaskConfig(FrozenModel):
                 raise PipelineError(f"block {r}x{c} does not divide the {what} matrices ({rows}x{cols})")
 
 
-class PruningConfig(MethodConfig):
-    """Base of the methods that prune heads and FFN neurons through `pipeline.compress.masking` (smp, gmp)."""
-
-    mask: MaskConfig = MaskConfig()
-
-    def planned(
-        self, layers: int, heads: int, ffn: int, teacher: dict[str, int], hidden: int | None = None
-    ) -> PruningConfig | None:
-        if (heads, ffn) == (teacher["heads"], teacher["ffn"]):
-            return None  # every head and neuron stays: nothing to prune
-        return self.updated(mask={**self.mask.model_dump(), "shape": {"heads": heads, "ffn": ffn}})
-
-
 class DataLimits(KeyStableModel):
     """The validation split carved from train, and caps on examples.
 

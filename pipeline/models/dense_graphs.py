@@ -29,7 +29,7 @@ def dense_graphs(teacher_dir: str, cache_dir: str, calibration: list[dict] | Non
         return export_optimized(teacher, None, out, stem=DENSE_STEM, calibration=calibration, fusion=fusion)
 
     int8 = None if calibration is None else hashlib.sha256(json.dumps(calibration).encode()).hexdigest()
-    entry, hit, _ = cached_stage(cache_dir, "dense_onnx", build, stage="dense-onnx", v=DENSE_EXPORT_VERSION,
-                                 teacher=dir_digest(Path(teacher_dir)), opset=OPSET, versions=library_versions(),
-                                 int8=int8)  # fmt: skip
+    key = dict(stage="dense-onnx", v=DENSE_EXPORT_VERSION, teacher=dir_digest(Path(teacher_dir)), opset=OPSET,
+               versions=library_versions(), int8=int8)  # fmt: skip
+    entry, hit, _ = cached_stage(cache_dir, "dense_onnx", key, build)
     return entry, hit

@@ -9,7 +9,7 @@ import socket
 import time
 from pathlib import Path
 
-from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.cache import cached_stage, dir_digest
 from pipeline.compress.context import StageContext
 from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.exact_compaction import compact_folder
@@ -86,7 +86,7 @@ def _compress_one(
     kd_teacher, kd_digest = kd or (None, None)
     # rows are keyed by the teacher's token ids, so another model's rows are stored per (model, teacher)
     rows_file = f"{teacher_digest}.npz" if kd_digest is None else f"{kd_digest}-for-{teacher_digest[:20]}.npz"
-    key = key_of(
+    key = dict(
         stage="compress",
         v=COMPRESS_VERSION,
         teacher=teacher_digest,
@@ -101,7 +101,7 @@ def _compress_one(
         **({"layer_kd": "trained"} if method.name == "distill" and method_cfg.train.layer_kd else {}),
     )
 
-    def build(out: Path) -> None:
+    def build(out: Path) -> dict:
         tokenizer = load_tokenizer(teacher_dir)
         teacher = load_model(teacher_dir)
         for p in teacher.parameters():
@@ -128,11 +128,11 @@ def _compress_one(
             ctx.report["augmented"] = augmented
         ctx.report["seconds"] = round(time.perf_counter() - began, 1)
         save_model(model, tokenizer, out)
-        write_report(out, ctx.report)
+        return ctx.report
 
-    path, hit = cached_build(Path(cache_dir), "compressed", key, build)
+    path, hit, report = cached_stage(cache_dir, "compressed", key, build)
     log.info("compress (%s): %s (%s)", method.name, path, "cached" if hit else "computed now")
-    return {"path": str(path), "cached": hit, "method": method.name, **read_report(path)}
+    return {"path": str(path), "cached": hit, "method": method.name, **report}
 
 
 def _compacted(
@@ -140,10 +140,8 @@ def _compacted(
 ) -> tuple[str, bool]:
     """The compacted copy of a chain's intermediate output (the next method's starting point), cached."""
     max_length = next_cfg.train.max_length
-    key = key_of(stage="compacted", src=dir_digest(Path(compressed_dir)), atol=atol, max_length=max_length)
-
-    def build(out: Path) -> None:
-        write_report(out, compact_folder(compressed_dir, ref, str(out), atol, max_length))
-
-    path, hit = cached_build(Path(cache_dir), "compacted", key, build)
+    key = dict(stage="compacted", src=dir_digest(Path(compressed_dir)), atol=atol, max_length=max_length)
+    path, hit, _ = cached_stage(
+        cache_dir, "compacted", key, lambda out: compact_folder(compressed_dir, ref, str(out), atol, max_length)
+    )
     return str(path), hit

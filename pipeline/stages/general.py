@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.cache import cached_stage, dir_digest
 from pipeline.compress.methods.distill import derived as rules
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.compress.methods.distill.general_student import build_general_student
@@ -50,18 +50,10 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             "batch %d); raise train.epochs to run them all",
             cfg.train.max_steps, steps, cfg.train.epochs, len(corpus), cfg.train.batch_size,
         )  # fmt: skip
-    key = key_of(
-        stage="general",
-        v=GENERAL_VERSION,
-        model=dir_digest(Path(model_dir)),
-        corpus=corpus.fingerprint,
-        cfg=cfg.model_dump(),
-    )
-
     derived = cfg.derived(config)  # the relation heads and teacher layer, from the shapes unless set
     cfg_used = cfg.model_copy(update={name: r.value for name, r in derived.items()})
 
-    def build(out: Path) -> None:
+    def build(out: Path) -> dict:
         from transformers import AutoModel
 
         tokenizer = load_tokenizer(model_dir)
@@ -101,12 +93,14 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             "training": result.report(),
             "seconds": round(time.perf_counter() - began, 1),
         }
-        write_report(out, report)
         (out / CARD).write_text(model_card(report))
+        return report
 
-    path, hit = cached_build(Path(cache_dir), "general", key, build)
+    key = dict(stage="general", v=GENERAL_VERSION, model=dir_digest(Path(model_dir)), corpus=corpus.fingerprint,
+               cfg=cfg.model_dump())  # fmt: skip
+    path, hit, report = cached_stage(cache_dir, "general", key, build)
     log.info("general student: %s (%s)", path, "cached" if hit else "distilled now")
-    return {"path": str(path), "cached": hit, **read_report(path)}
+    return {"path": str(path), "cached": hit, **report}
 
 
 def model_card(report: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.cache import cached_build, dir_digest, key_of, read_report, write_report
+from pipeline.cache import cached_stage, dir_digest
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import DataRef
@@ -33,23 +33,17 @@ def run(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig,
         load_tokenizer(teacher_dir)
         return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
     check_model_dir(model_dir)
-    key = key_of(
-        stage="teacher",
-        v=TEACHER_VERSION,
-        model=dir_digest(Path(model_dir)),
-        data=data.fingerprint,
-        cfg=cfg.model_dump(),
-    )
 
-    def build(out: Path) -> None:
+    def build(out: Path) -> dict:
         tokenizer = load_tokenizer(model_dir)
         model = load_base_model(model_dir, data.task)
         train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
         result = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning")
         save_model(model, tokenizer, out)
-        write_report(out, {**result.report(), "base_model": str(model_dir)})
+        return {**result.report(), "base_model": str(model_dir)}
 
-    path, hit = cached_build(Path(cache_dir), "teachers", key, build)
-    info = read_report(path)
+    key = dict(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint,
+               cfg=cfg.model_dump())  # fmt: skip
+    path, hit, info = cached_stage(cache_dir, "teachers", key, build)
     log.info("teacher: %s (%s), validation %s", path, "cached" if hit else "fine-tuned now", info.get("validation"))
     return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}

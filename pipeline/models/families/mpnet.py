@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 @functools.cache
 def _selected_heads_attention() -> type:
     """MPNet self-attention over a subset of the heads it was built with, `kept_heads` (indices into the bias)."""
-    import torch
     from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
 
     class SelectedHeadsAttention(MPNetSelfAttention):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from pipeline.config.schema import MaskConfig, PruningConfig, TrainConfig
-from pipeline.data.tasks import TaskSpec
+from pipeline.compress.pruning_config import PruningConfig
+from pipeline.config.schema import MaskConfig, TrainConfig
 
 
 class GmpConfig(PruningConfig):
@@ -61,11 +60,3 @@ class GmpConfig(PruningConfig):
                 f"{self.train.max_steps})"
             )
         return self
-
-    def preflight(
-        self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
-    ) -> None:
-        from pipeline.models.families import arch_of
-
-        arch = arch_of(model_config)
-        self.mask.check_shapes(arch.hidden, arch.ffn)

@@ -7,11 +7,11 @@ import logging
 from torch import nn
 
 from pipeline.compress.context import StageContext
-from pipeline.compress.masking import Masker
+from pipeline.compress.masking import PruningRun
 from pipeline.compress.methods.gmp.config import GmpConfig
 from pipeline.compress.selection import cubic
 from pipeline.errors import PipelineError
-from pipeline.train.loop import cycle_bounds, num_steps, train
+from pipeline.train.loop import cycle_bounds, train
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,9 @@ def prune_schedule(cfg: GmpConfig, steps: int) -> dict[int, float]:
 
 
 def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
-    masker = Masker.from_config(model, cfg.mask)
-    steps = num_steps(cfg.train, len(ctx.train))
-    schedule = prune_schedule(cfg, steps)
-    final_keep, alloc = masker.final_keep(cfg.mask, cfg.sparsity), cfg.mask.allocation_used
+    run = PruningRun.start(model, cfg, len(ctx.train))
+    masker, final_keep, alloc = run.masker, run.final_keep, run.allocation
+    schedule = prune_schedule(cfg, run.steps)
 
     def before_step(step: int) -> None:
         if step in schedule:
@@ -54,9 +53,7 @@ def apply(model: nn.Module, cfg: GmpConfig, ctx: StageContext) -> nn.Module:
         state=masker,  # the masks of the last update, which a resumed run starts from
         desc="gmp pruning",
     )
-    masker.to_("cpu")  # masks were computed next to the weights, which train() has moved back
-    ctx.report["schedule"] = {"steps": steps, "updates": {str(k): round(v, 4) for k, v in schedule.items()}}
-    ctx.report["mask"] = masker.summary()
+    run.report_into(ctx.report, updates={str(k): round(v, 4) for k, v in schedule.items()})
     masker.detach_(model)
     ctx.report["training"] = result.report()
     return model

@@ -7,7 +7,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.config.schema import MaskConfig, PruningConfig, TrainConfig
+from pipeline.compress.pruning_config import PruningConfig
+from pipeline.config.schema import MaskConfig, TrainConfig
 from pipeline.data.tasks import TaskSpec
 
 
@@ -63,10 +64,7 @@ class SmpConfig(PruningConfig):
     def preflight(
         self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: TaskSpec
     ) -> None:
-        from pipeline.models.families import arch_of
-
-        arch = arch_of(model_config)
-        self.mask.check_shapes(arch.hidden, arch.ffn)
+        super().preflight(model_dir, teacher_dir, model_config, task)
         from pipeline.compress.methods.smp.heads import resolve_head
 
         resolve_head(self, model_dir, model_config, task)  # the verbalizer's words must be single tokens

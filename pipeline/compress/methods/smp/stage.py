@@ -9,7 +9,7 @@ from torch import nn
 
 from pipeline.compress.compaction import compact_
 from pipeline.compress.context import StageContext
-from pipeline.compress.masking import Masker
+from pipeline.compress.masking import Masker, PruningRun
 from pipeline.compress.methods.smp.config import SmpConfig
 from pipeline.compress.methods.smp.heads import resolve_head
 from pipeline.compress.methods.smp.verbalizer import build_verbalizer_classifier
@@ -17,7 +17,7 @@ from pipeline.compress.selection import cubic
 from pipeline.data.encoding import collate
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir
-from pipeline.train.loop import num_steps, resolve_device, train
+from pipeline.train.loop import resolve_device, train
 from pipeline.train.losses import classification_loss, prediction_rows
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,9 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
     model, head = starting_model(model, cfg, ctx)
     for p in model.parameters():
         p.requires_grad_(False)  # SMP: every pre-trained weight, and the head, stay as they are
-    masker = Masker.from_config(model, cfg.mask)
-    steps = num_steps(cfg.train, len(ctx.train))
-    n = prune_steps(cfg, steps)
-    final_keep, alloc = masker.final_keep(cfg.mask, cfg.sparsity), cfg.mask.allocation_used
+    run = PruningRun.start(model, cfg, len(ctx.train))
+    masker, final_keep, alloc = run.masker, run.final_keep, run.allocation
+    n = prune_steps(cfg, run.steps)
     masker.to_(resolve_device(cfg.train.device))
     state = {"lambda": 0.0}
 
@@ -80,8 +79,7 @@ def apply(model: nn.Module, cfg: SmpConfig, ctx: StageContext) -> nn.Module:
         masker.allocate_towards(1.0, final_keep, cfg.mask)
         masker.refresh(alloc)
     ctx.report["head"] = head
-    ctx.report["schedule"] = {"steps": steps, "prune_steps": n, "final_keep": final_keep}
-    ctx.report["mask"] = masker.summary()
+    run.report_into(ctx.report, prune_steps=n, final_keep=final_keep)
     ctx.report["layer_keep"] = {g.name: round(g.keep, 4) for g in masker.groups} if alloc == "soft" else None
     ctx.report["shape"] = cfg.mask.shape.model_dump() if cfg.mask.shape else None
     ctx.report["training"] = result.report()
