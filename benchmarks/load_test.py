@@ -88,11 +88,11 @@ def load_items(path: Path, artifact: Path, task: dict) -> list:
     """The items of `path` in the form the artifact's kind reads (see the module's docstring); `task`: its block."""
     kind = task_kind(task)
     if kind == TOKEN:
-        from pipeline.data.tagged import read_conll
+        from pipeline.kinds.tagged import read_conll
 
         return [" ".join(words) for words in read_conll(path, task["labels"]).words]
     if kind == QA:
-        from pipeline.data.squad import read_qa
+        from pipeline.kinds.squad import read_qa
         from serving.validation import Question
 
         return [Question(q.question, q.context) for q in read_qa(path).questions]

@@ -532,12 +532,11 @@ def list_methods() -> None:
 @app.command("tasks")
 def list_tasks() -> None:
     """List the known tasks."""
-    from pipeline.data.tasks import QA, SEQUENCE, TASKS, TOKEN
+    from pipeline.data.tasks import SEQUENCE, TASKS
+    from pipeline.kinds import kind_of
 
     for spec in TASKS.values():
-        inputs = {QA: "question and context", TOKEN: "words"}.get(spec.kind) or (
-            "sentence pairs" if spec.is_pair else "single sentence"
-        )
+        inputs = kind_of(spec.kind).inputs(spec)
         sample = ", embedded sample" if spec.has_sample else ""
         labels = f"{len(spec.labels)} labels ({', '.join(spec.labels)})" if spec.labels else "answer spans"
         kind = "" if spec.kind == SEQUENCE else f" [{spec.kind}]"

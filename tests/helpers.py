@@ -121,9 +121,9 @@ def tiny_span_case(kind: str):
     two examples of that kind (a short and a shorter one, so batches pad)."""
     from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
 
-    from pipeline.data.squad import QASplit, Question
-    from pipeline.data.tagged import TaggedSplit
     from pipeline.data.tasks import CONLL_TAGS
+    from pipeline.kinds.squad import QASplit, Question
+    from pipeline.kinds.tagged import TaggedSplit
 
     cfg = tiny_model("bert").config
     torch.manual_seed(0)
@@ -404,7 +404,7 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
         model = auto_class(spec.kind).from_config(model.config).eval()
     staging = new_staging(base, final.name)
     export_optimized(model, tiny_tokenizer("bert"), staging)
-    stamp_task(staging, spec.describe())
+    stamp_task(staging, {**spec.describe(), "positions": model.config.max_position_embeddings})  # as export does
     report = {
         "task": task,
         "method": "none",

@@ -83,7 +83,12 @@ def test_augment_is_refused_without_kd_and_for_tasks_that_are_not_sentence_label
             overrides=["config.train.augment.copies=1", "config.student.layers=1"],
             output_dir=str(tmp_path / "out"),
         )
-    assert build_deploy_config("distill", "sst2", overrides=["config.train.augment.copies=2"]).config
+    assert (
+        build_deploy_config(
+            "distill", "sst2", overrides=["config.train.augment.copies=2"]
+        ).method_config.train.augment.copies
+        == 2
+    )
 
 
 def test_a_distill_stage_learns_from_the_augmented_sentences(classifier_dirs, tmp_path):

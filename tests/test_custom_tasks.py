@@ -64,6 +64,7 @@ def test_a_five_label_jsonl_task_deploys_end_to_end(base_dirs, tmp_path):
         "pair": False,
         "metric": "macro_f1",
         "max_length": 128,  # trained at: what the server reads at by default
+        "positions": 160,  # the tiny model's position embeddings: the longest text the server takes
     }
     assert config["encoder_deploy_task"] == block
     manifest = json.loads((artifact / "manifest.json").read_text())

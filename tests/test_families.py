@@ -161,6 +161,11 @@ def test_family_knowledge_lives_on_the_adapter():
     for (model_type, n, pad), usable in positions.items():
         config = {"model_type": model_type, "max_position_embeddings": n, "pad_token_id": pad}
         assert family_for(model_type).usable_positions(config) == usable, model_type
+    # the server reads what export wrote into the task block; an artifact from before it, the safe 2 less
+    from serving.artifact import TASK_KEY, max_positions
+
+    assert max_positions({"max_position_embeddings": 514, TASK_KEY: {"positions": 512}}) == 512
+    assert max_positions({"max_position_embeddings": 512, TASK_KEY: {"kind": "token-classification"}}) == 510
 
 
 def test_the_readme_lists_the_families_as_their_adapters_say():

@@ -21,6 +21,7 @@ CONTRACT = ("serving.artifact", "serving.spans")
 RANKS = {
     "export": -1,
     "base": 0,
+    "kinds": 0.5,
     "config": 1,
     "data": 2,
     "models": 3,
@@ -41,7 +42,9 @@ def unit(module: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     if sub in ("sweep", "pareto", "evaluate"):  # a sweep's requests and its analysis, `evaluate`: beside the request
         return "request"
-    if sub in ("config", "data", "models", "train", "compress", "stages", "request", "run", "cli"):
+    if sub == "model_card":  # the package stage's model card
+        return "stages"
+    if sub in ("config", "kinds", "data", "models", "train", "compress", "stages", "request", "run", "cli"):
         return sub
     return "base"  # pipeline/__init__, errors, cache, paths, report, interrupts, watchdog, staging, jsonfile
 

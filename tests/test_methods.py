@@ -17,9 +17,9 @@ from pipeline.compress.masking import MaskedLinear
 from pipeline.compress.registry import methods
 from pipeline.data.encoding import encode, encode_task
 from pipeline.data.loaders import load_task_data
-from pipeline.data.squad import QASplit, Question
-from pipeline.data.tagged import TaggedSplit
 from pipeline.data.tasks import TOKEN, get_task
+from pipeline.kinds.squad import QASplit, Question
+from pipeline.kinds.tagged import TaggedSplit
 from pipeline.models.io import auto_class, load_model, save_model
 from tests.helpers import (
     FAMILY_KINDS,

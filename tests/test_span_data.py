@@ -11,12 +11,12 @@ import pytest
 from seqeval.metrics import f1_score, precision_score, recall_score
 
 from pipeline.data.loaders import load_task_data
-from pipeline.data.squad import QASplit, read_qa
-from pipeline.data.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
 from pipeline.data.tasks import load_task_file, task_spec
 from pipeline.errors import PipelineError
-from pipeline.train.entity_metric import entities, entity_scores
-from pipeline.train.squad_metric import normalize_answer, squad_scores, token_f1
+from pipeline.kinds.entity_metric import entities, entity_scores
+from pipeline.kinds.squad import QASplit, read_qa
+from pipeline.kinds.squad_metric import normalize_answer, squad_scores, token_f1
+from pipeline.kinds.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
 
 SHARED = Path(__file__).parents[2] / "shared" / "data"
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
@@ -344,7 +344,8 @@ def test_a_users_ner_and_qa_task_files_load(tmp_path):
         ("kind: question-answering\ntrain: a.csv\ndev: b.json\n", "one of .json, .jsonl"),
         ("kind: sequence-classification\ntrain: a.tsv\ndev: b.tsv\ntext_columns: [t]\nlabel_column: l\n"
          "labels: [a, b]\nscheme: IOB2\n", "scheme: IOB1/IOB2 is for token-classification tasks"),
-        ("kind: regression\ntrain: a.tsv\ndev: b.tsv\n", "kind: Input should be 'sequence-classification'"),
+        ("kind: regression\ntrain: a.tsv\ndev: b.tsv\n",
+         "kind: unknown task kind 'regression'; one of sequence-classification"),
     ],
 )  # fmt: skip
 def test_a_bad_ner_or_qa_task_file_is_one_line(tmp_path, body, needle):
@@ -404,7 +405,7 @@ def test_question_windows_are_labelled_with_their_answers_tokens():
 
 def test_a_question_leaving_no_room_for_its_context_is_one_line():
     from pipeline.data.encoding import encode
-    from pipeline.data.squad import Question
+    from pipeline.kinds.squad import Question
     from tests.helpers import tiny_tokenizer
 
     q = Question("q1", "who " * 40, "Denver won.", (("Denver", 0),))

@@ -60,11 +60,11 @@ def test_every_output_of_the_graph_matches_torch_and_optimum_answers_alike(famil
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, tmp_path):
     from pipeline.data.encoding import encode
-    from pipeline.data.squad import QASplit, Question
-    from pipeline.data.tagged import TaggedSplit
+    from pipeline.kinds.squad import QASplit, Question
+    from pipeline.kinds.squad_metric import squad_scores, token_f1
+    from pipeline.kinds.tagged import TaggedSplit
     from pipeline.train.metrics import example_scores, predict_logits, scores
     from pipeline.train.parity import compare_logits, onnx_logits
-    from pipeline.train.squad_metric import squad_scores, token_f1
     from serving.spans import MAX_ANSWER_LEN, best_answers, question_windows, windowing
 
     tok, model = tiny_tokenizer("bert"), _model("bert", kind)

@@ -22,7 +22,8 @@ from pydantic import (
 )
 
 from pipeline.errors import PipelineError
-from serving.artifact import QA, SEQUENCE, TOKEN
+from pipeline.kinds import BY_NAME, KIND_NAMES
+from serving.artifact import SEQUENCE
 
 # Sizes with a physical range, checked when a recipe is read: a batch of 0 crashed ONNX Runtime natively (SIGFPE)
 # after a whole training run. Sequence lengths are also held to the model's positions by the request.
@@ -30,8 +31,6 @@ BatchSize = Annotated[int, Field(ge=1, le=4096)]
 SeqLen = Annotated[int, Field(ge=1)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Depth = Annotated[int, Field(ge=1)]
-
-DATA_FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl"}  # a data file's format, from its extension
 
 
 class FrozenModel(BaseModel):
@@ -382,17 +381,6 @@ class TargetConfig(FrozenModel):
     accept_busy: bool = False
 
 
-TASK_FORMATS = {  # per task kind, a data file's format from its extension
-    SEQUENCE: DATA_FORMATS,
-    TOKEN: {".txt": "conll", ".conll": "conll", ".jsonl": "jsonl"},
-    QA: {".json": "squad", ".jsonl": "jsonl"},
-}
-_KIND_DEFAULTS = {  # what a token or question-answering task file may leave out
-    TOKEN: {"text_columns": ["tokens"], "label_column": "tags", "metric": "f1", "scheme": "IOB2"},
-    QA: {"text_columns": ["question", "context"], "label_column": "answers", "metric": "f1"},
-}
-
-
 class CustomTask(BaseModel):
     """A user's task, as its YAML file declares it (`--task-file`); train and dev are absolute once loaded.
 
@@ -418,7 +406,7 @@ class CustomTask(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    kind: Literal["sequence-classification", "token-classification", "question-answering"] = SEQUENCE
+    kind: str = SEQUENCE  # one of `pipeline.kinds.KIND_NAMES`
     train: str
     dev: str
     text_columns: tuple[str, ...] = ()
@@ -430,9 +418,16 @@ class CustomTask(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _kind_defaults(cls, data):
-        if isinstance(data, dict) and data.get("kind") in _KIND_DEFAULTS:
-            data = {**_KIND_DEFAULTS[data["kind"]], **data}
+        if isinstance(data, dict) and data.get("kind") in BY_NAME:
+            data = {**BY_NAME[data["kind"]].task_file_defaults, **data}
         return data
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v):
+        if v not in BY_NAME:
+            raise ValueError(f"unknown task kind {v!r}; one of {', '.join(KIND_NAMES)}")
+        return v
 
     @field_validator("text_columns", mode="before")
     @classmethod
@@ -446,37 +441,13 @@ class CustomTask(BaseModel):
 
     @model_validator(mode="after")
     def _per_kind(self) -> CustomTask:
-        formats = TASK_FORMATS[self.kind]
+        kind = BY_NAME[self.kind]
         for key in ("train", "dev"):
             path = getattr(self, key)
-            if Path(path).suffix.lower() not in formats:
-                raise ValueError(f"{key}: {path!r}: the format comes from the extension, one of {', '.join(formats)}")
-        if self.kind == SEQUENCE:
-            return self._sequence()
-        if self.kind == TOKEN and len(self.text_columns) != 1:
-            raise ValueError("text_columns: a token-classification task reads one column, its words")
-        if self.metric != "f1":
-            raise ValueError(f"metric: a {self.kind} task is scored by f1, not {self.metric}")
-        if self.kind == QA and self.labels:
-            raise ValueError("labels: a question-answering task has none (answers are spans of the context)")
-        if self.kind == TOKEN and not self.labels:
-            raise ValueError("labels: give the tag set in id order, e.g. [O, B-PER, I-PER]")
-        return self
-
-    def _sequence(self) -> CustomTask:
-        if not self.text_columns:
-            raise ValueError("text_columns: give one text column, or two for a pair task")
-        if not self.label_column:
-            raise ValueError("label_column: name the column that holds the label")
-        if self.scheme is not None:
-            raise ValueError("scheme: IOB1/IOB2 is for token-classification tasks")
-        values = [str(v) for v in self.labels]
-        if len(values) < 2:
-            raise ValueError(f"labels: a classification task needs at least two labels, got {values}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"labels: each label once, got {values}")
-        if self.metric == "f1" and len(values) != 2:
-            raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
+            if Path(path).suffix.lower() not in kind.formats:
+                formats = ", ".join(kind.formats)
+                raise ValueError(f"{key}: {path!r}: the format comes from the extension, one of {formats}")
+        kind.check_task_file(self)
         return self
 
 

@@ -15,9 +15,7 @@ source is recorded in `TaskData.source`.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import logging
 import math
 import os
@@ -27,42 +25,19 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.schema import DATA_FORMATS, DataLimits
-from pipeline.data.jsonl import describe, json_records
+from pipeline.config.schema import DataLimits
 from pipeline.data.phrases import whole_sentences
-from pipeline.data.squad import QASplit, question_rows, read_qa
-from pipeline.data.tagged import TaggedSplit, read_conll, read_tagged_jsonl, tagged_rows
-from pipeline.data.tasks import QA, SEQUENCE, TOKEN, TaskSpec, get_task
+from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
-from pipeline.paths import read_utf8
+from pipeline.kinds import kind_of
+from pipeline.kinds.sequence import Split
+from pipeline.kinds.squad import QASplit
+from pipeline.kinds.tagged import TaggedSplit
 
 log = logging.getLogger(__name__)
 
 SAMPLE_DIR = Path(__file__).parent / "samples"  # samples/<task>/{train,dev}.tsv
 HUB_HOST = "huggingface.co"
-
-
-@dataclass(frozen=True)
-class Split:
-    """Examples of one split: `texts[i]` holds one string (single-sentence task) or two (pair task)."""
-
-    texts: list[tuple[str, ...]]
-    labels: list[int]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def subset(self, idx) -> Split:
-        return Split([self.texts[i] for i in idx], [self.labels[i] for i in idx])
-
-    def head(self, n: int | None) -> Split:
-        """The first `n` examples (all of them for None)."""
-        return Split(self.texts[:n], self.labels[:n])
-
-    def digest(self, h) -> None:
-        for text, label in zip(self.texts, self.labels, strict=True):
-            h.update("\x1f".join(text).encode() + b"\x1e" + str(label).encode() + b"\n")
-        h.update(b"\x1d")
 
 
 AnySplit = Split | TaggedSplit | QASplit  # one split of a sequence, token or question-answering task
@@ -147,27 +122,10 @@ def carve_validation(
             raise PipelineError("data.validation_unit=sentence is for tasks of one text and a label (phrases of "
                                 "sentences, as SST-2's train set holds); use `example`")  # fmt: skip
         chosen, dropped = whole_sentences(texts, n, seed)
-    elif isinstance(train, QASplit):
-        chosen = _whole_contexts(train, n, seed)
     else:
-        chosen = set(random.Random(seed).sample(range(len(train)), n))
+        chosen = kind_of(train.kind).validation_draw(train, n, seed)
     kept = [i for i in range(len(train)) if i not in chosen and i not in dropped]
     return train.subset(kept), train.subset(sorted(chosen)), len(dropped)
-
-
-def _whole_contexts(split: QASplit, n: int, seed: int) -> set[int]:
-    """Indices of the questions of contexts drawn with `seed` until at least `n` (at least one question left)."""
-    by_context: dict[str, list[int]] = {}
-    for i, q in enumerate(split.questions):
-        by_context.setdefault(q.context, []).append(i)
-    groups = list(by_context.values())
-    random.Random(seed).shuffle(groups)
-    chosen: set[int] = set()
-    for group in groups:
-        if len(chosen) >= n or len(chosen) + len(group) >= len(split):
-            break
-        chosen.update(group)
-    return chosen or {0}
 
 
 def load_task_data(
@@ -254,69 +212,19 @@ def _from_tsv_dir(spec: TaskSpec, folder: Path) -> tuple[Split, Split, str]:
                 "Hugging Face dataset folder)"
             )
     train, dev = read_split(spec, folder / spec.train_file), read_split(spec, folder / spec.dev_file)
-    return train, dev, f"{'GLUE TSV' if spec.kind == SEQUENCE else 'data'} folder {folder.resolve()}"
+    return train, dev, f"{kind_of(spec.kind).folder_name} folder {folder.resolve()}"
 
 
 # --- data files: TSV (GLUE: tabs, no quoting), CSV (quoted), JSONL (one object per line) -------------------------
 
 
 def read_split(spec: TaskSpec, path: Path) -> AnySplit:
-    """The examples of one data file, its format from its extension. Every bad row is an error naming the file,
-    the line and the value: a missing column, a text that is not a string, a label outside the task's set."""
+    """The examples of one data file, its format from its extension, as the task's kind reads them. Every bad row
+    is an error naming the file, the line and the value: a missing column, a text that is not a string, a label
+    outside the task's set."""
     if not path.is_file():
         raise PipelineError(f"data file not found: {path}")
-    if spec.kind == QA:
-        return read_qa(path)
-    if spec.kind == TOKEN:
-        if path.suffix.lower() == ".jsonl":
-            return read_tagged_jsonl(path, spec.text_columns[0], spec.label_column, spec.labels)
-        return read_conll(path, spec.labels)
-    fmt = DATA_FORMATS.get(path.suffix.lower())
-    if fmt is None:
-        raise PipelineError(f"{path}: unknown format {path.suffix!r}; data files are {', '.join(DATA_FORMATS)}")
-    columns = (*spec.text_columns, spec.label_column)
-    values = {v: i for i, v in enumerate(spec.label_values)}
-    texts, labels = [], []
-    for lineno, record in _records(path, fmt, columns):
-        for c in spec.text_columns:
-            if not isinstance(record[c], str):
-                raise PipelineError(f"{path}:{lineno}: column {c!r} is {describe(record[c])}; expected text")
-        raw = record[spec.label_column]
-        key = str(raw).strip() if isinstance(raw, str | int) and not isinstance(raw, bool) else None
-        if key not in values:
-            raise PipelineError(
-                f"{path}:{lineno}: label {raw!r} is not one of task {spec.name}'s labels ({', '.join(values)})"
-            )
-        texts.append(tuple(record[c] for c in spec.text_columns))
-        labels.append(values[key])
-    if not labels:
-        raise PipelineError(f"{path}: no examples")
-    return Split(texts, labels)
-
-
-def _records(path: Path, fmt: str, columns: tuple[str, ...]):
-    """(line number, {column: value}) for each non-blank row; the columns are checked against the header (TSV,
-    CSV) or each object (JSONL). utf-8-sig: GLUE ships MRPC with a byte-order mark, which would otherwise glue
-    itself to the first column's name."""
-    with io.StringIO(read_utf8(path, "data file"), newline="") as f:
-        if fmt == "jsonl":
-            yield from json_records(path, f, columns)
-            return
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else csv.reader(f)
-        header = next(rows, None)
-        if header is None:
-            raise PipelineError(f"{path}: file is empty")
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise PipelineError(f"{path}: missing column(s) {', '.join(missing)}; header is {', '.join(header)}")
-        cols = [header.index(c) for c in columns]
-        sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-        for row in rows:
-            if not row or row == [""]:
-                continue
-            if len(row) <= max(cols):
-                raise PipelineError(f"{path}:{rows.line_num}: expected {len(header)} {sep} fields, got {len(row)}")
-            yield rows.line_num, {c: row[i] for c, i in zip(columns, cols, strict=True)}
+    return kind_of(spec.kind).read(spec, path)
 
 
 def hub_reachable(timeout: float = 2.0) -> bool:
@@ -429,40 +337,13 @@ def _hf_split(spec: TaskSpec, ds, part_name: str, where: str) -> AnySplit:
     if part_name not in ds:
         raise PipelineError(f"{where}: no split {part_name!r}; it has {', '.join(ds)}")
     part = ds[part_name]
-    columns = {TOKEN: (*spec.hf_text_columns, spec.label_column), QA: ("id", *spec.hf_text_columns, "answers")}
-    missing = [c for c in columns.get(spec.kind, (*spec.hf_text_columns, "label")) if c not in part.column_names]
+    kind = kind_of(spec.kind)
+    missing = [c for c in kind.hf_columns(spec) if c not in part.column_names]
     if missing:
         raise PipelineError(
             f"{where}: split {part_name} has no column(s) {', '.join(missing)}; it has {', '.join(part.column_names)}"
         )
-    split = f"{where}: split {part_name}"
-    rows = ((f"{split}, row {i}", row) for i, row in enumerate(part))
-    if spec.kind == TOKEN:
-        return tagged_rows(rows, spec.hf_text_columns[0], spec.label_column, spec.labels, split)
-    if spec.kind == QA:
-        return question_rows(rows, split)
-    texts = list(zip(*(part[c] for c in spec.hf_text_columns), strict=True))
-    values = {v: i for i, v in enumerate(spec.label_values)}
-    kept_texts, labels = [], []
-    for row, (text, raw) in enumerate(zip(texts, part["label"], strict=True)):
-        if isinstance(raw, int) and not isinstance(raw, bool):
-            if raw == -1:
-                continue
-            label = raw if 0 <= raw < spec.num_labels else None
-        else:
-            label = values.get(str(raw).strip())
-        if label is None:
-            known = f"{', '.join(values)} or ids 0-{spec.num_labels - 1}"
-            raise PipelineError(
-                f"{where}: split {part_name}, row {row}: label {raw!r} is not one of {spec.name}'s labels ({known})"
-            )
-        if not all(isinstance(t, str) for t in text):
-            raise PipelineError(f"{where}: split {part_name}, row {row}: a text is not a string ({text!r:.80})")
-        kept_texts.append(text)
-        labels.append(label)
-    if not labels:
-        raise PipelineError(f"{where}: split {part_name} has no labelled examples")
-    return Split(kept_texts, labels)
+    return kind.hf_split(spec, part, where, part_name)
 
 
 @dataclass(frozen=True)

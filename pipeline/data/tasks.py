@@ -14,13 +14,10 @@ from pathlib import Path
 
 from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, parse
-from pipeline.data.tagged import check_tag_set
 from pipeline.errors import PipelineError
+from pipeline.kinds import kind_of
 from serving.artifact import QA, SEQUENCE, TOKEN
 
-# SEQUENCE: one label per text or text pair; TOKEN: one IOB2 tag per word (NER); QA: an answer span in a context
-# (extractive, SQuAD v1.1: every question has an answer). Named once, in the artifact's contract (its task block).
-KINDS = (SEQUENCE, TOKEN, QA)
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")  # Hugging Face's order
 
 
@@ -44,7 +41,7 @@ class TaskSpec:
             f1 of entities; question answering: SQuAD's f1 (exact match is reported beside it).
         has_sample: whether the project ships an embedded sample for this task.
         custom: a user's task (`--task-file`), not a built-in one.
-        kind: SEQUENCE, TOKEN or QA.
+        kind: the task kind's name (`pipeline.kinds`): SEQUENCE, TOKEN or QA.
     """
 
     name: str
@@ -65,12 +62,12 @@ class TaskSpec:
     @property
     def num_labels(self) -> int:
         """Classes of the model's head (question answering: start and end)."""
-        return 2 if self.kind == QA else len(self.labels)
+        return kind_of(self.kind).num_labels(self)
 
     @property
     def is_pair(self) -> bool:
         """Two texts classified together (a QA task's question and context are not a sentence pair)."""
-        return self.kind == SEQUENCE and len(self.text_columns) == 2
+        return kind_of(self.kind).is_pair(self)
 
     @property
     def identity(self) -> str:
@@ -207,11 +204,10 @@ def load_task_file(path: str | Path) -> CustomTask:
         if isinstance(data.get(key), str):
             data[key] = str((path.parent / data[key]).resolve())
     task = parse(CustomTask, data, f"task file {path}")
-    if task.kind == TOKEN:
-        try:
-            check_tag_set([str(t) for t in task.labels])
-        except ValueError as e:
-            raise PipelineError(f"invalid task file {path}: labels: {e}") from None
+    try:
+        kind_of(task.kind).check_labels([str(t) for t in task.labels])
+    except ValueError as e:
+        raise PipelineError(f"invalid task file {path}: labels: {e}") from None
     if task.name in TASKS:
         raise PipelineError(f"task file {path}: name {task.name!r} is a built-in task; use --task {task.name}, or "
                             "another name")  # fmt: skip

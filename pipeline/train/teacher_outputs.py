@@ -29,15 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from transformers.modeling_outputs import (
-    QuestionAnsweringModelOutput,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
-)
+
+from pipeline.kinds import KINDS
 
 log = logging.getLogger(__name__)
 
-SEQUENCE, TOKEN, QA = "sequence", "token", "qa"  # what a row holds: (C,), (tokens, C), (2, tokens)
+ROWS = {k.rows: k for k in KINDS}  # what a stored row holds, by the name the store keeps (its kind's `rows`)
 
 
 def row_key(input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None) -> bytes:
@@ -97,33 +94,14 @@ class TeacherOutputs(nn.Module):
         sub = {k: v.index_select(0, index)[:, :width] for k, v in inputs.items() if v is not None}
         with torch.no_grad(), torch.autocast(sub["input_ids"].device.type, enabled=False):
             out = self.source(**sub)
-        kind = QA if hasattr(out, "start_logits") else TOKEN if out.logits.dim() == 3 else SEQUENCE
-        self.kind = self.kind or kind
-        lengths = mask.sum(dim=1).tolist()
-        if kind == QA:
-            values = torch.stack([out.start_logits, out.end_logits], dim=1).float().cpu()  # (n, 2, tokens)
-        else:
-            values = out.logits.float().cpu()
-        for j, (i, n) in enumerate(zip(rows, lengths, strict=True)):
-            row = values[j] if kind == SEQUENCE else values[j][:n] if kind == TOKEN else values[j][:, :n]
-            self.rows[keys[i]] = row.numpy().copy()
+        kind = next(k for k in KINDS if k.holds(out))
+        self.kind = self.kind or kind.rows
+        for i, row in zip(rows, kind.output_rows(out, mask.sum(dim=1).tolist()), strict=True):
+            self.rows[keys[i]] = row
 
     def _assemble(self, keys: list[bytes], mask: torch.Tensor):
         """The batch's output from its rows, padded to the batch's width (pads read 0; the losses drop them)."""
-        rows = [torch.from_numpy(self.rows[k]) for k in keys]
-        device, width = mask.device, mask.shape[1]
-        if self.kind == SEQUENCE:
-            return SequenceClassifierOutput(logits=torch.stack(rows).to(device))
-        if self.kind == TOKEN:
-            logits = torch.zeros(len(rows), width, rows[0].shape[-1])
-            for i, r in enumerate(rows):
-                logits[i, : len(r)] = r
-            return TokenClassifierOutput(logits=logits.to(device))
-        both = torch.zeros(len(rows), 2, width)
-        for i, r in enumerate(rows):
-            both[i, :, : r.shape[1]] = r
-        both = both.to(device)
-        return QuestionAnsweringModelOutput(start_logits=both[:, 0], end_logits=both[:, 1])
+        return ROWS[self.kind].assemble([self.rows[k] for k in keys], mask.shape[1], mask.device)
 
     def _load(self, path: Path) -> None:
         self.kind, self.rows = read_rows(path)
@@ -176,7 +154,7 @@ def read_rows(path: Path) -> tuple[str | None, dict[bytes, np.ndarray]]:
     try:
         with np.load(path, allow_pickle=False) as f:
             keys, flat, offsets, shapes, kind = f["keys"], f["values"], f["offsets"], f["shapes"], str(f["kind"])
-        if kind not in (SEQUENCE, TOKEN, QA) or not len(keys) == len(offsets) == len(shapes):
+        if kind not in ROWS or not len(keys) == len(offsets) == len(shapes):
             raise ValueError("inconsistent arrays")
         rows = {}
         for k, start, shape in zip(keys, offsets, shapes, strict=True):

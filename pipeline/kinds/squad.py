@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from pipeline.data.jsonl import describe, json_records
 from pipeline.errors import PipelineError
 from pipeline.jsonfile import parse_json
+from pipeline.kinds.records import describe, json_records
 from pipeline.paths import read_utf8
+from serving.artifact import QA
 
 MAX_CONTEXT_CHARS = 25_000  # about 25 windows of 384 tokens; twice what the server takes in one text by default
 
@@ -41,6 +43,7 @@ class QASplit:
     """The questions of one split."""
 
     questions: list[Question]
+    kind: ClassVar[str] = QA
 
     def __len__(self) -> int:
         return len(self.questions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.data.tagged import OUTSIDE, split_tag
+from pipeline.kinds.tagged import OUTSIDE, split_tag
 
 
 def entities(tags: Sequence[str]) -> list[tuple[str, int, int]]:

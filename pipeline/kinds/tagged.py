@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from pipeline.data.jsonl import json_records
 from pipeline.errors import PipelineError
+from pipeline.kinds.records import json_records
 from pipeline.paths import read_utf8
+from serving.artifact import TOKEN
 
 DOCSTART = "-DOCSTART-"
 OUTSIDE = "O"
@@ -39,6 +41,7 @@ class TaggedSplit:
     words: list[tuple[str, ...]]
     tags: list[tuple[int, ...]]
     names: tuple[str, ...] = ()
+    kind: ClassVar[str] = TOKEN
 
     def __len__(self) -> int:
         return len(self.tags)

@@ -1,0 +1,148 @@
+"""What the pipeline knows about one task kind, and the encoded split every kind produces.
+
+A kind (sequence classification, token classification, extractive question answering: the names of transformers'
+pipelines, which the artifact's task block carries) is one adapter module beside this one: how a task file of it
+is written and checked, how its data files are read, how a split is tokenised and labelled, how the model's
+prediction rows are scored. The generic code (data loading, encoding, training, validation, the model card) asks
+the adapter (`pipeline.kinds.kind_of`) instead of branching on the kind.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
+
+
+class Spec(Protocol):
+    """What a kind reads of a task (`pipeline.data.tasks.TaskSpec` has these fields and more)."""
+
+    name: str
+    labels: tuple[str, ...]
+    text_columns: tuple[str, ...]
+    label_column: str
+    label_values: tuple[str, ...]
+    hf_text_columns: tuple[str, ...]
+    metric: str
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenised split: one dict of token lists per feature, plus labels and the pad id. A label is a class id
+    (sequence), a list of tag ids per token (token classification), or a (start, end) token pair (QA windows).
+
+    Token classification and QA also keep what scoring needs: the split itself (gold tags and their names; gold
+    answers and contexts) and, for QA, each window's question (`samples`) and `windows` (serving.spans)."""
+
+    features: list[dict[str, list[int]]]
+    labels: list
+    pad_id: int
+    kind: str = "sequence-classification"
+    source: Any = None
+    samples: list[int] | None = None
+    windows: list | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def scored_by_f1(task: Any) -> None:
+    """A task file of a kind whose only metric is f1 (entities, answers) says f1, or nothing."""
+    if task.metric != "f1":
+        raise ValueError(f"metric: a {task.kind} task is scored by f1, not {task.metric}")
+
+
+def feature_keys(enc) -> list[str]:
+    return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
+
+
+class Kind:
+    """One task kind; subclasses fill in what differs."""
+
+    name: ClassVar[str]  # the contract's name (`serving.artifact`): the task block and task files say it
+    rows: ClassVar[str]  # what one stored teacher-output row holds (`pipeline.train.teacher_outputs`)
+    formats: ClassVar[dict[str, str]]  # a data file's format, from its extension
+    task_file_defaults: ClassVar[dict[str, Any]] = {}  # what a task file of this kind may leave out
+    folder_name: ClassVar[str] = "data"  # what a `--data-dir` folder of its files is called in the report
+    hub_name: ClassVar[str]  # the model card's task name
+    example: ClassVar[str]  # the model card's example call of transformers' pipeline
+    pipeline_options: ClassVar[str] = ""  # what that call adds to `pipeline(...)`
+
+    # -- the task ------------------------------------------------------------------------------------------------
+
+    def check_task_file(self, task: Any) -> None:
+        """Raise ValueError naming what a task file of this kind (a `CustomTask`) gets wrong."""
+
+    def check_labels(self, labels: list[str]) -> None:
+        """Raise ValueError when `labels` cannot be this kind's label set."""
+
+    def num_labels(self, spec: Spec) -> int:
+        """Classes of the model's head."""
+        return len(spec.labels)
+
+    def is_pair(self, spec: Spec) -> bool:
+        """Two texts classified together."""
+        return False
+
+    def inputs(self, spec: Spec) -> str:
+        """What a request of this kind carries, in `pipeline tasks`' words."""
+        raise NotImplementedError
+
+    def card_description(self, task: dict, reads: str) -> str:
+        """The model card's name for the model of a task block (`reads`: what it reads)."""
+        raise NotImplementedError
+
+    # -- data files ---------------------------------------------------------------------------------------------
+
+    def read(self, spec: Spec, path: Path) -> Any:
+        """The examples of one data file (its format from its extension); every bad row is a one-line error."""
+        raise NotImplementedError
+
+    def hf_columns(self, spec: Spec) -> tuple[str, ...]:
+        """The columns a Hugging Face split of this kind must have."""
+        raise NotImplementedError
+
+    def hf_split(self, spec: Spec, part: Any, rows: Any, where: str) -> Any:
+        """One Hugging Face split (`part`; `rows`: (where, row) pairs of it; `where`: the split's name)."""
+        raise NotImplementedError
+
+    def validation_draw(self, split: Any, n: int, seed: int) -> set[int]:
+        """The indices of `n` examples drawn with `seed` for the validation split."""
+        return set(random.Random(seed).sample(range(len(split)), n))
+
+    # -- the model's outputs, one row per example (the teacher outputs kept for output KD) -----------------------
+
+    def holds(self, out: Any) -> bool:
+        """Whether a model output (transformers' `ModelOutput`) is of this kind."""
+        raise NotImplementedError
+
+    def output_rows(self, out: Any, lengths: list[int]) -> list[np.ndarray]:
+        """Each example's float32 row of `out`, cut to its `lengths` real tokens where rows run over tokens."""
+        raise NotImplementedError
+
+    def assemble(self, rows: list[np.ndarray], width: int, device: Any) -> Any:
+        """A batch's model output from its rows, padded to `width` tokens (pads read 0; the losses drop them)."""
+        raise NotImplementedError
+
+    # -- encoding and scoring -----------------------------------------------------------------------------------
+
+    def encode(self, tokenizer: Any, split: Any, max_length: int, stride: int | None = None) -> Encoded:
+        raise NotImplementedError
+
+    def join_rows(self, batches: list[np.ndarray], enc: Encoded) -> np.ndarray:
+        """The prediction rows of every batch in order."""
+        return np.concatenate(batches)
+
+    def scores(self, rows: np.ndarray, enc: Encoded) -> dict[str, float]:
+        """The kind's metrics in percent."""
+        raise NotImplementedError
+
+    def example_scores(self, rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
+        """Each example's share of a metric that is a mean over examples, in percent (None: the metric counts the
+        whole split)."""
+        return None
