@@ -30,22 +30,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serving.artifact import QA, SEQUENCE
+from serving.artifact import SEQUENCE
 from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
 from serving.binary import HEADER_LENGTH, BinaryError, response_body, split_body, tensor_bytes
 from serving.config import ServerConfig
+from serving.kinds import served_kind
 from serving.metrics import CONTENT_TYPE, Metrics
-from serving.session import check_windows, softmax, top_labels
-from serving.spans import MAX_ANSWER_LEN
-from serving.validation import (
-    OUTPUT_TYPES,
-    Limits,
-    RequestError,
-    decode_json,
-    input_names,
-    parse_infer,
-    parse_predict,
-)
+from serving.validation import Limits, RequestError, decode_json, parse_infer, parse_predict
 
 log = logging.getLogger("serving")
 MODEL_VERSION = "1"
@@ -120,9 +111,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-NO_ANSWER = {"score": 0.0, "start": 0, "end": 0, "answer": ""}  # no span fits (a context of special tokens only)
-
-
 def _chars(items: list) -> int:
     """The characters of a request's items: texts, (text, text_pair) pairs or questions with their contexts."""
 
@@ -136,14 +124,6 @@ def _chars(items: list) -> int:
     return sum(map(chars, items))
 
 
-def _scores(logits: np.ndarray, function: str) -> np.ndarray:
-    if function == "softmax":
-        return softmax(logits)
-    if function == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-logits))
-    return logits
-
-
 class Service:
     """The served model behind its batcher, and the request handlers."""
 
@@ -154,6 +134,7 @@ class Service:
         self.labels = list(model.labels)
         self.pair = model.pair
         self.kind = getattr(model, "kind", SEQUENCE)
+        self.served = served_kind(self.kind)
         self.task = getattr(model, "task", None) or {}
         self.limits = Limits(config.max_items, config.max_text_chars)
         self.batcher = MicroBatcher(
@@ -201,8 +182,7 @@ class Service:
         finally:
             self._tokenizing -= 1
         self.metrics.observe_tokenization(time.perf_counter() - start)
-        if self.kind == QA:  # any model's windows, the session's own early check aside
-            check_windows(len(encoded), self.config.max_windows)
+        self.served.check_encoded(encoded, self.config)  # any model's, the session's own early checks aside
         return encoded, await self.batcher.submit(encoded)
 
     async def _off_loop(self, size: int, function: Callable, *args: Any) -> Any:
@@ -289,18 +269,14 @@ class Service:
 
     async def model_metadata(self, request: Request) -> Response:
         self._check_model(request)
-        per_label = self.kind == SEQUENCE  # probabilities and logits have a column per label
-        shapes = {
-            name: (d, [-1, len(self.labels)] if per_label and d == "FP32" else [-1])
-            for name, d in OUTPUT_TYPES[self.kind].items()
-        }
+        shapes = self.served.output_shapes(self.labels)
         return json_response(
             {
                 "name": self.name,
                 "versions": [MODEL_VERSION],
                 "platform": "onnxruntime_onnx",
                 "inputs": [
-                    {"name": name, "datatype": "BYTES", "shape": [-1]} for name in input_names(self.kind, self.pair)
+                    {"name": name, "datatype": "BYTES", "shape": [-1]} for name in self.served.input_names(self.pair)
                 ],
                 "outputs": [{"name": name, "datatype": d, "shape": shape} for name, (d, shape) in shapes.items()],
                 "parameters": {
@@ -327,13 +303,11 @@ class Service:
             header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
         except BinaryError as e:
             raise RequestError(400, str(e), "bad_binary") from None
-        parse = functools.partial(parse_infer, limits=self.limits, pair=self.pair, kind=self.kind, binary=binary)
+        parse = functools.partial(parse_infer, limits=self.limits, pair=self.pair, kind=self.served, binary=binary)
         req = await self._parsed(header, parse)
         encoded, rows = await self.rows(req.texts)
-        if self.kind == SEQUENCE:  # labels from the rows: nothing to decode
-            tensors = self._tensors(req.texts, encoded, rows, req.outputs)
-        else:
-            tensors = await self._off_loop(_chars(req.texts), self._tensors, req.texts, encoded, rows, req.outputs)
+        args = (self.model, req.texts, encoded, rows, req.outputs)
+        tensors = await self._decoded(req.texts, self.served.tensors, *args)
         outputs, data = [], {}
         for name in req.outputs:
             datatype, shape, values = tensors[name]
@@ -351,39 +325,19 @@ class Service:
         media = "application/octet-stream" if data else "application/json"
         return Response(content, headers=headers, media_type=media)
 
-    def _tensors(
-        self, items: list, encoded: list, rows: np.ndarray, wanted: tuple[str, ...]
-    ) -> dict[str, tuple[str, list[int], list]]:
-        """The `wanted` outputs of the model's kind as (datatype, shape, flat values), computed only when asked."""
-        types = OUTPUT_TYPES[self.kind]
-        if self.kind == SEQUENCE:
-            n, k = rows.shape
-            values = {
-                "label": lambda: [self.labels[i] for i in rows.argmax(-1)],
-                "probabilities": lambda: softmax(rows).ravel().tolist(),
-                "logits": lambda: rows.ravel().tolist(),
-            }
-            return {name: (types[name], [n] if name == "label" else [n, k], values[name]()) for name in wanted}
-        answers = self.model.answer(items, encoded, rows, 1, MAX_ANSWER_LEN)
-        if self.kind == QA:
-            found = [a[0] if a else NO_ANSWER for a in answers]
-        else:
-            found = [{**e, "text_index": i} for i, entities in enumerate(answers) for e in entities]
-        return {name: (types[name], [len(found)], [row[name] for row in found]) for name in wanted}
+    async def _decoded(self, items: list, function: Callable, *args: Any) -> Any:
+        """`function(*args)`: answers decoded from the rows (entities, spans) on a tokeniser thread, labels (taken
+        straight from the rows) on the event loop."""
+        if not self.served.decodes:
+            return function(*args)
+        return await self._off_loop(_chars(items), function, *args)
 
     async def predict(self, request: Request) -> Response:
         body = await read_body(request, self.config.max_body_bytes)
-        parse = functools.partial(parse_predict, limits=self.limits, pair=self.pair, kind=self.kind)
+        parse = functools.partial(parse_predict, limits=self.limits, pair=self.pair, kind=self.served)
         req = await self._parsed(body, parse)
         encoded, rows = await self.rows(req.texts)
-        if self.kind == SEQUENCE:
-            result = top_labels(_scores(rows, req.function), self.labels, req.top_k)
-        else:
-            result = await self._off_loop(
-                _chars(req.texts), self.model.answer, req.texts, encoded, rows, req.top_k, req.max_answer_len
-            )
-        if self.kind == QA:  # the pipeline's shapes: one answer as an object, top_k > 1 as a list
-            result = [(a or [NO_ANSWER])[0] if req.top_k == 1 else a for a in result]
+        result = await self._decoded(req.texts, self.served.predict, self.model, req, encoded, rows)
         return json_response(result[0] if req.single else result)
 
     async def metrics_page(self, request: Request) -> Response:

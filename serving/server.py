@@ -15,10 +15,9 @@ import socket
 import sys
 import threading
 
-from serving.artifact import MANIFEST, QA, ArtifactError
+from serving.artifact import MANIFEST, ArtifactError
 from serving.config import ServerConfig
 from serving.session import ArtifactSession
-from serving.validation import Question
 
 log = logging.getLogger("serving")
 
@@ -57,8 +56,7 @@ def load_model(config: ServerConfig) -> ArtifactSession:
         first_line = (str(e).splitlines() or [""])[0][:300]
         raise StartupError(f"cannot load {config.artifact}: {type(e).__name__}: {first_line}") from None
     # the first ORT run allocates; keep it out of the first request's latency
-    warm_up = Question("warm-up?", "warm-up") if session.kind == QA else "warm-up"
-    session.predict([(warm_up, warm_up) if session.pair else warm_up])
+    session.predict([session.served.warm_up(session.pair)])
     return session
 
 

@@ -8,7 +8,6 @@ answer to a question in a context (question answering; the context cut into over
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,7 @@ from tokenizers import Encoding, Tokenizer
 from serving.artifact import (
     CONFIG,
     GRAPHS,
-    QA,
     TASK_KEY,
-    TOKEN,
     TOKENIZER,
     ArtifactError,
     max_positions,
@@ -29,25 +26,10 @@ from serving.artifact import (
 )
 from serving.artifact import verify as verify_artifact
 from serving.bounded import BoundedTokenizer
-from serving.spans import (
-    MAX_ANSWER_LEN,
-    Window,
-    best_answers,
-    entity_groups,
-    question_encodings,
-    window_of,
-    window_stride,
-)
-from serving.spans import windowing as windowing_tokenizer
-from serving.validation import Question, RequestError, Text
-
-
-@dataclass(frozen=True)
-class QuestionWindow:
-    """One window of a question-answering request's item: which of the request's questions it belongs to."""
-
-    question: int
-    window: Window
+from serving.kinds import served_kind
+from serving.kinds.question_answering import QuestionWindow
+from serving.spans import MAX_ANSWER_LEN
+from serving.validation import Text
 
 
 class ArtifactSession:
@@ -92,6 +74,7 @@ class ArtifactSession:
             verify_artifact(self.path, (CONFIG, TOKENIZER, GRAPHS[precision]), trust_key)
         config = json.loads((self.path / CONFIG).read_text())
         self.kind = task_kind(config.get(TASK_KEY))
+        self.served = served_kind(self.kind)
         max_length = max_length or trained_length(config.get(TASK_KEY))
         positions = max_positions(config)
         if positions is not None and max_length > positions:
@@ -115,13 +98,9 @@ class ArtifactSession:
         self.task = config.get(TASK_KEY) or {}  # artifacts from before pair support have none: single texts
         self.pair = bool(self.task.get("pair"))
         self.outputs = [o.name for o in self.session.get_outputs()]  # logits, or start_logits and end_logits
-        if self.kind == QA:
-            self.stride = window_stride(max_length)
-            self.windowing = windowing_tokenizer(self.tokenizer, max_length, self.stride)
-            probe = self.tokenizer.encode("a", "b")  # the classification token, which stays an answer candidate
-            self.cls_id = probe.ids[0] if probe.special_tokens_mask[:1] == [1] else None
         unk = getattr(self.tokenizer.model, "unk_token", None)
         self.unk_id = self.tokenizer.token_to_id(unk) if unk else None
+        self.served.prepare(self)
 
     def encode(self, items: list) -> list:
         """What the model runs for `items`: one encoding per text or pair (truncated to `max_length`; only the
@@ -133,30 +112,7 @@ class ArtifactSession:
             RequestError: a question that leaves its context no room in a window (422); more windows than
                 `max_windows` (413).
         """
-        if self.kind == QA:
-            if not all(isinstance(q, Question) for q in items):
-                raise ArtifactError(f"{self.path} answers questions: pass serving.validation.Question items")
-            encodings: list[tuple[int, Encoding]] = []
-            for i, q in enumerate(items):  # counted before any window is built: a refused request costs little
-                encodings += [(i, e) for e in self._encodings(q)]
-                check_windows(len(encodings), self.max_windows, done=i + 1 == len(items))
-            return [QuestionWindow(i, window_of(e, self.cls_id)) for i, e in encodings]
-        if any(isinstance(t, tuple) != self.pair for t in items):
-            want = "(text, text_pair) tuples" if self.pair else "strings"
-            raise ArtifactError(f"{self.path} reads {'sentence pairs' if self.pair else 'single texts'}: pass {want}")
-        return self.encoder.encode_batch(items)
-
-    def _encodings(self, q: Question) -> list[Encoding]:
-        try:
-            return question_encodings(self.windowing, q.question, q.context)
-        except Exception:  # the Rust tokenizer's truncation error: the question alone fills the window
-            room = len(self.tokenizer.encode(q.question, "").ids)
-            raise RequestError(
-                422,
-                f"the question takes {room} of the {self.max_length} tokens of a window, which leaves its context "
-                f"no room beyond the {self.stride} tokens windows overlap by: shorten it",
-                "question_too_long",
-            ) from None
+        return self.served.encode(self, items)
 
     @staticmethod
     def tokens(item: Encoding | QuestionWindow) -> int:
@@ -179,13 +135,7 @@ class ArtifactSession:
                 mask[i, 0] = 1  # is attended, whatever the batch, instead of a failed or batch-dependent run
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         outputs = self.session.run(self.outputs, {n: feeds[n] for n in self.input_names})
-        if self.kind not in (TOKEN, QA):
-            return outputs[0]
-        rows = np.empty(len(encodings), dtype=object)
-        for i, e in enumerate(encodings):
-            n = len(e.ids)
-            rows[i] = outputs[0][i, :n] if self.kind == TOKEN else (outputs[0][i, :n], outputs[1][i, :n])
-        return rows
+        return self.served.rows(outputs, [len(e.ids) for e in encodings])
 
     def logits(self, texts: list[Text]) -> np.ndarray:
         """`run(encode(texts))`: one row of class logits per text (sequence classification)."""
@@ -198,37 +148,12 @@ class ArtifactSession:
         all) with softmax scores, best first; the entities of a text, as transformers' token-classification
         pipeline groups them (aggregation "simple"); or the `top_k` answers to a question (spans of at most
         `max_answer_len` tokens), as its question-answering pipeline decodes them."""
-        if self.kind == TOKEN:
-            return [
-                entity_groups(self.tokenizer, text, enc, row, self.labels, self.unk_id)
-                for text, enc, row in zip(items, encoded, rows, strict=True)
-            ]
-        if self.kind == QA:
-            windows: list[list[int]] = [[] for _ in items]
-            for n, item in enumerate(encoded):
-                windows[item.question].append(n)
-            answers = []
-            for q, ns in zip(items, windows, strict=True):
-                starts, ends = [rows[n][0] for n in ns], [rows[n][1] for n in ns]
-                spans = [encoded[n].window for n in ns]
-                answers.append(best_answers(spans, starts, ends, q.context, max_answer_len, top_k or 1))
-            return answers
-        return top_labels(softmax(rows), self.labels, top_k)
+        return self.served.answer(self, items, encoded, rows, top_k, max_answer_len)
 
     def predict(self, items: list, top_k: int | None = 1, max_answer_len: int = MAX_ANSWER_LEN) -> list:
         """`answer` of `items`, tokenised and run here."""
         encoded = self.encode(items)
         return self.answer(items, encoded, self.run(encoded), top_k, max_answer_len)
-
-
-def check_windows(windows: int, limit: int | None, done: bool = True) -> None:
-    """Refuse a request that cuts its contexts into more than `limit` windows (`done`: all of them counted)."""
-    if limit is not None and windows > limit:
-        counted = f"{windows}" if done else f"at least {windows}"
-        raise RequestError(
-            413, f"the contexts make {counted} windows of the model's max tokens; at most {limit} per request "
-            "(shorter or fewer contexts)", "too_many_windows",
-        )  # fmt: skip
 
 
 def _encoding(item: Encoding | QuestionWindow) -> Encoding:
@@ -241,16 +166,3 @@ def _labels(config: dict, session: ort.InferenceSession) -> list[str]:
         return [config["id2label"][str(i)] for i in range(len(config["id2label"]))]
     n = session.get_outputs()[0].shape[-1]
     return [f"LABEL_{i}" for i in range(n if isinstance(n, int) else config.get("num_labels", 2))]
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max(-1, keepdims=True))
-    return z / z.sum(-1, keepdims=True)
-
-
-def top_labels(scores: np.ndarray, labels: list[str], top_k: int | None = 1) -> list[list[dict]]:
-    """Per row of `scores`, the `top_k` labels (None: all) with their scores, best first (ties: lower id)."""
-    k = len(labels) if top_k is None else top_k
-    return [
-        [{"label": labels[j], "score": float(row[j])} for j in np.argsort(-row, kind="stable")[:k]] for row in scores
-    ]

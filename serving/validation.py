@@ -13,25 +13,31 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from serving.artifact import QA, SEQUENCE, TOKEN
 from serving.binary import BinaryError, read_bytes_tensor
-from serving.spans import MAX_ANSWER_LEN, MAX_TOP_K
+from serving.spans import MAX_ANSWER_LEN
 
 FUNCTIONS = ("softmax", "sigmoid", "none")
 INPUT_NAME, PAIR_INPUT_NAME = "text", "text_pair"
 QUESTION_INPUTS = ("question", "context")
-# The Open Inference Protocol outputs of each kind, with their datatypes. Token classification answers a text with
-# any number of entities: its outputs list every entity of the request, and `text_index` says which input text each
-# came from. Question answering: one answer per question.
-OUTPUT_TYPES = {
-    SEQUENCE: {"label": "BYTES", "probabilities": "FP32", "logits": "FP32"},
-    TOKEN: {"entity_group": "BYTES", "score": "FP32", "word": "BYTES", "start": "INT64", "end": "INT64",
-            "text_index": "INT64"},
-    QA: {"answer": "BYTES", "score": "FP32", "start": "INT64", "end": "INT64"},
-}  # fmt: skip
 Text = str | tuple[str, str]  # one text, or (text, text_pair) for a sentence-pair model
+
+
+class Kind(Protocol):
+    """What request parsing asks of a task kind (`serving.kinds.ServedKind`)."""
+
+    outputs: dict[str, str]
+
+    def input_names(self, pair: bool) -> tuple[str, ...]: ...
+
+    def model_name(self, pair: bool) -> str: ...
+
+    def wanted_inputs(self, pair: bool) -> str: ...
+
+    def predict_request(self, items: list, single: bool, params: dict, limits: Limits, pair: bool) -> Any: ...
+
+    def infer_items(self, columns: list[list[str]], pair: bool) -> list: ...
 
 
 @dataclass(frozen=True)
@@ -75,25 +81,7 @@ class InferRequest:
     binary: frozenset[str] = field(default_factory=frozenset)  # outputs to send as binary data (the extension)
 
 
-def input_names(kind: str, pair: bool) -> tuple[str, ...]:
-    """The Open Inference Protocol BYTES inputs of a model of `kind`."""
-    if kind == QA:
-        return QUESTION_INPUTS
-    return (INPUT_NAME, PAIR_INPUT_NAME) if pair else (INPUT_NAME,)
-
-
-def output_names(kind: str) -> tuple[str, ...]:
-    """The Open Inference Protocol outputs of a model of `kind`."""
-    return tuple(OUTPUT_TYPES[kind])
-
-
-def _model(kind: str, pair: bool) -> str:
-    if kind == SEQUENCE:
-        return "sentence-pair model" if pair else "single-text model"
-    return f"{kind} model"
-
-
-def _type(value: Any) -> str:
+def type_name(value: Any) -> str:
     return {
         dict: "an object",
         list: "an array",
@@ -133,13 +121,13 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _object(payload: Any, where: str) -> dict:
+def as_object(payload: Any, where: str) -> dict:
     if not isinstance(payload, dict):
-        raise RequestError(422, f"{where} must be a JSON object, not {_type(payload)}", "wrong_type")
+        raise RequestError(422, f"{where} must be a JSON object, not {type_name(payload)}", "wrong_type")
     return payload
 
 
-def _unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
+def unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
     extra = sorted(k for k in obj if k not in allowed)
     if extra:
         names = ", ".join(repr(k)[:40] for k in extra[:5]) + (", ..." if len(extra) > 5 else "")
@@ -148,7 +136,7 @@ def _unknown_keys(obj: dict, allowed: tuple[str, ...], where: str) -> None:
         )
 
 
-def _check_count(items: list, where: str, limits: Limits) -> None:
+def check_count(items: list, where: str, limits: Limits) -> None:
     """At least one item, at most `max_items`."""
     if not items:
         raise RequestError(422, f"{where} is an empty list; send at least one text", "empty_inputs")
@@ -158,10 +146,10 @@ def _check_count(items: list, where: str, limits: Limits) -> None:
         )
 
 
-def _check_text(text: Any, at: str, limits: Limits) -> str:
+def check_text(text: Any, at: str, limits: Limits) -> str:
     """A string of at most `max_text_chars` characters that encodes as UTF-8."""
     if not isinstance(text, str):
-        raise RequestError(422, f"{at} is {_type(text)}; expected a string", "wrong_type")
+        raise RequestError(422, f"{at} is {type_name(text)}; expected a string", "wrong_type")
     if len(text) > limits.max_text_chars:
         raise RequestError(
             413,
@@ -178,9 +166,9 @@ def _check_text(text: Any, at: str, limits: Limits) -> str:
 
 def check_texts(texts: list, where: str, limits: Limits) -> list[str]:
     """Every item a string within the limits, at most `max_items` items, at least one."""
-    _check_count(texts, where, limits)
+    check_count(texts, where, limits)
     for i, text in enumerate(texts):
-        _check_text(text, f"{where}[{i}]", limits)
+        check_text(text, f"{where}[{i}]", limits)
     return texts
 
 
@@ -195,29 +183,24 @@ def _is_unicode(text: str) -> bool:
 PAIR_EXAMPLE = '{"text": "...", "text_pair": "..."}'
 
 
-def _wanted_inputs(pair: bool, kind: str = SEQUENCE) -> str:
-    if kind == QA:
-        return f"a question object {QUESTION_EXAMPLE} or a list of them"
-    return f"a pair object {PAIR_EXAMPLE} or a list of them" if pair else "a string or a list of strings"
-
-
-def _items(inputs: Any, pair: bool, kind: str = SEQUENCE) -> tuple[list, bool]:
+def _items(inputs: Any, pair: bool, kind: Kind) -> tuple[list, bool]:
     """(items, single) from `inputs`: a string or an object, or a list of them (not mixed)."""
     if isinstance(inputs, str | dict):
         return [inputs], True
     if not isinstance(inputs, list):
-        raise RequestError(422, f"'inputs' must be {_wanted_inputs(pair, kind)}, not {_type(inputs)}", "wrong_type")
+        wanted = kind.wanted_inputs(pair)
+        raise RequestError(422, f"'inputs' must be {wanted}, not {type_name(inputs)}", "wrong_type")
     return inputs, False
 
 
-def _pair_items(items: list, where: str, pair: bool, single: bool = False) -> list[Text]:
+def pair_items(items: list, where: str, pair: bool, single: bool = False) -> list[Text]:
     """Strings stay strings; `{"text": a, "text_pair": b}` becomes (a, b) (`{"text": a}` alone is the string a).
     A pair sent to a single-text model, or a string to a pair model, is refused naming what the model reads."""
     out: list[Text] = []
     for i, item in enumerate(items):
         at = where if single else f"{where}[{i}]"
         if isinstance(item, dict):
-            _unknown_keys(item, (INPUT_NAME, PAIR_INPUT_NAME), at)
+            unknown_keys(item, (INPUT_NAME, PAIR_INPUT_NAME), at)
             if INPUT_NAME not in item:
                 raise RequestError(422, f"{at} has no 'text'; a pair is {PAIR_EXAMPLE}", "missing_field")
             item = (item[INPUT_NAME], item[PAIR_INPUT_NAME]) if PAIR_INPUT_NAME in item else item[INPUT_NAME]
@@ -235,63 +218,38 @@ def _pair_items(items: list, where: str, pair: bool, single: bool = False) -> li
     return out
 
 
-def _check_items(items: list[Text], where: str, limits: Limits) -> list[Text]:
+def check_items(items: list[Text], where: str, limits: Limits) -> list[Text]:
     """`check_texts` for single texts and pairs: a pair is one item, and each of its texts is held to the limits."""
-    _check_count(items, where, limits)
+    check_count(items, where, limits)
     for i, item in enumerate(items):
         if isinstance(item, tuple):
             for j, text in enumerate(item):
-                _check_text(text, f"{where}[{i}][{j}]", limits)
+                check_text(text, f"{where}[{i}][{j}]", limits)
         else:
-            _check_text(item, f"{where}[{i}]", limits)
+            check_text(item, f"{where}[{i}]", limits)
     return items
 
 
 QUESTION_EXAMPLE = '{"question": "...", "context": "..."}'
 
 
-def parse_predict(payload: Any, limits: Limits, pair: bool = False, kind: str = SEQUENCE) -> PredictRequest:
-    """`{"inputs": ..., "parameters": {...}}`, the Hugging Face inference formats. Sequence classification:
-    `inputs` is a string or a list of strings (`{"text": ..., "text_pair": ...}` objects for a sentence-pair
-    model, `pair`), parameters `top_k` (int or null) and `function_to_apply`. Token classification: a string or a
-    list of strings, parameter `aggregation_strategy` ("simple", the only one served). Question answering:
-    `{"question": ..., "context": ...}` or a list of them, parameters `top_k` and `max_answer_len`."""
-    body = _object(payload, "request body")
-    _unknown_keys(body, ("inputs", "parameters", "options"), "request body")
+def parse_predict(payload: Any, limits: Limits, pair: bool, kind: Kind) -> PredictRequest:
+    """`{"inputs": ..., "parameters": {...}}`, the Hugging Face inference formats, for a model of `kind` (its
+    `serving.kinds` adapter). Sequence classification: `inputs` is a string or a list of strings (`{"text": ...,
+    "text_pair": ...}` objects for a sentence-pair model, `pair`), parameters `top_k` (int or null) and
+    `function_to_apply`. Token classification: a string or a list of strings, parameter `aggregation_strategy`
+    ("simple", the only one served). Question answering: `{"question": ..., "context": ...}` or a list of them,
+    parameters `top_k` and `max_answer_len`."""
+    body = as_object(payload, "request body")
+    unknown_keys(body, ("inputs", "parameters", "options"), "request body")
     if "inputs" not in body:
-        raise RequestError(422, f"missing field 'inputs' ({_wanted_inputs(pair, kind)})", "missing_field")
-    params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+        raise RequestError(422, f"missing field 'inputs' ({kind.wanted_inputs(pair)})", "missing_field")
+    params = as_object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
     items, single = _items(body["inputs"], pair, kind)
-    if kind == QA:
-        _unknown_keys(params, ("top_k", "max_answer_len"), "'parameters'")
-        questions = _questions(items, "inputs", limits, single)
-        max_answer_len = _positive(params, "max_answer_len", MAX_ANSWER_LEN, nullable=False)
-        top_k = _positive(params, "top_k", 1, most=MAX_TOP_K)
-        return PredictRequest(questions, single, top_k, "softmax", max_answer_len)
-    if kind == TOKEN:
-        _unknown_keys(params, ("aggregation_strategy",), "'parameters'")
-        strategy = params.get("aggregation_strategy", "simple")
-        if strategy != "simple":
-            raise RequestError(
-                422, f"'parameters.aggregation_strategy' must be 'simple' (the one served), not {strategy!r}"[:300],
-                "bad_parameter",
-            )  # fmt: skip
-        texts = _check_items(_pair_items(items, "inputs", False, single), "inputs", limits)
-        return PredictRequest(texts, single, None, "softmax")
-    texts = _check_items(_pair_items(items, "inputs", pair, single), "inputs", limits)
-    _unknown_keys(params, ("top_k", "function_to_apply"), "'parameters'")
-    top_k = _positive(params, "top_k", 1)
-    function = params.get("function_to_apply", "softmax")
-    if function not in FUNCTIONS:
-        raise RequestError(
-            422,
-            f"'parameters.function_to_apply' must be one of {', '.join(FUNCTIONS)}, not {function!r}"[:300],
-            "bad_parameter",
-        )
-    return PredictRequest(texts, single, top_k, function)
+    return kind.predict_request(items, single, params, limits, pair)
 
 
-def _positive(params: dict, name: str, default: int, nullable: bool = True, most: int | None = None) -> int | None:
+def positive(params: dict, name: str, default: int, nullable: bool = True, most: int | None = None) -> int | None:
     value = params.get(name, default)
     if (value is None and nullable) or (type(value) is int and 1 <= value <= (most or value)):
         return value
@@ -300,29 +258,29 @@ def _positive(params: dict, name: str, default: int, nullable: bool = True, most
     raise RequestError(422, f"'parameters.{name}' must be {wanted}, not {value!r}"[:300], "bad_parameter")
 
 
-def _questions(items: list, where: str, limits: Limits, single: bool = False) -> list[Question]:
+def question_items(items: list, where: str, limits: Limits, single: bool = False) -> list[Question]:
     """`{"question": q, "context": c}` objects as `Question`s: both non-blank strings within the limits."""
-    _check_count(items, where, limits)
+    check_count(items, where, limits)
     out = []
     for i, item in enumerate(items):
         at = where if single else f"{where}[{i}]"
         if not isinstance(item, dict):
             raise RequestError(
                 422,
-                f"{at} is {_type(item)}, but this model answers questions: send {QUESTION_EXAMPLE}",
+                f"{at} is {type_name(item)}, but this model answers questions: send {QUESTION_EXAMPLE}",
                 "not_question",
             )
-        _unknown_keys(item, QUESTION_INPUTS, at)
+        unknown_keys(item, QUESTION_INPUTS, at)
         texts = []
         for name in QUESTION_INPUTS:
             if name not in item:
                 raise RequestError(422, f"{at} has no {name!r}; a question is {QUESTION_EXAMPLE}", "missing_field")
-            texts.append(_nonblank(_check_text(item[name], f"{at}.{name}", limits), f"{at}.{name}"))
+            texts.append(nonblank(check_text(item[name], f"{at}.{name}", limits), f"{at}.{name}"))
         out.append(Question(*texts))
     return out
 
 
-def _nonblank(text: str, at: str) -> str:
+def nonblank(text: str, at: str) -> str:
     if not text.strip():
         raise RequestError(422, f"{at} is empty; a question and its context need text", "empty_text")
     return text
@@ -341,41 +299,40 @@ def _flatten(data: list) -> list:
     return out
 
 
-def parse_infer(
-    payload: Any, limits: Limits, pair: bool = False, kind: str = SEQUENCE, binary: bytes | None = None
-) -> InferRequest:
-    """An Open Inference Protocol v2 request: BYTES inputs of shape [N] or [N, 1], one per name the model takes
-    (`input_names`: "text"; "text" and "text_pair" for a sentence-pair model; "question" and "context").
+def parse_infer(payload: Any, limits: Limits, pair: bool, kind: Kind, binary: bytes | None = None) -> InferRequest:
+    """An Open Inference Protocol v2 request: BYTES inputs of shape [N] or [N, 1], one per name the model of `kind`
+    takes (its adapter's `input_names`: "text"; "text" and "text_pair" for a sentence-pair model; "question" and
+    "context").
 
     `binary` is what followed the JSON header in a request of the binary tensor data extension (None: the body
     was JSON alone): an input whose parameters give `binary_data_size` takes that many bytes of it, in input
     order. Outputs asked for with `{"binary_data": true}` (or all, with the request's `binary_data_output`) are
     answered in binary too."""
-    body = _object(payload, "request body")
-    _unknown_keys(body, ("id", "parameters", "inputs", "outputs"), "request body")
+    body = as_object(payload, "request body")
+    unknown_keys(body, ("id", "parameters", "inputs", "outputs"), "request body")
     request_id = body.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise RequestError(422, f"'id' must be a string, not {_type(request_id)}", "wrong_type")
+        raise RequestError(422, f"'id' must be a string, not {type_name(request_id)}", "wrong_type")
     if request_id is not None and not _is_unicode(request_id):  # echoed in the response, which must encode
         raise RequestError(422, "'id' is not valid Unicode text (it contains a lone surrogate escape)", "bad_text")
-    params = _object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
+    params = as_object({} if body.get("parameters") is None else body["parameters"], "'parameters'")
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise RequestError(422, "'parameters.binary_data_output' must be a boolean", "bad_parameter")
-    names = input_names(kind, pair)
+    names = kind.input_names(pair)
     wanted = " and ".join(repr(n) for n in names)
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != len(names):
-        got = f"{len(inputs)} inputs" if isinstance(inputs, list) else _type(inputs)
+        got = f"{len(inputs)} inputs" if isinstance(inputs, list) else type_name(inputs)
         raise RequestError(
             422,
-            f"'inputs' must be a list of {len(names)} BYTES tensor(s) named {wanted} for this {_model(kind, pair)}, "
-            f"not {got}",
+            f"'inputs' must be a list of {len(names)} BYTES tensor(s) named {wanted} for this "
+            f"{kind.model_name(pair)}, not {got}",
             "not_pair" if pair and isinstance(inputs, list) and len(inputs) == 1 else "wrong_type",
         )
     tensors, offset = {}, 0
     for i, tensor in enumerate(inputs):
-        tensor = _object(tensor, f"inputs[{i}]")
+        tensor = as_object(tensor, f"inputs[{i}]")
         name = tensor.get("name")
         if not isinstance(name, str) or name not in names:  # not a string: any JSON value, unhashable ones too
             reason = "not_single" if name == PAIR_INPUT_NAME else "unknown_input"
@@ -392,19 +349,15 @@ def parse_infer(
     if any(len(c) != len(columns[0]) for c in columns):
         counts = " but ".join(f"{n!r} has {len(c)} elements" for n, c in zip(names, columns, strict=True))
         raise RequestError(422, f"{counts}; one of each per item", "bad_shape")
-    if kind == QA:
-        pairs = zip(*columns, strict=True)
-        texts = [Question(_nonblank(q, "a question"), _nonblank(c, "a context")) for q, c in pairs]
-    else:
-        texts = list(zip(*columns, strict=True)) if pair else columns[0]
-    outputs, binary_outputs = _requested_outputs(body.get("outputs"), output_names(kind), binary_default)
+    texts = kind.infer_items(columns, pair)
+    outputs, binary_outputs = _requested_outputs(body.get("outputs"), tuple(kind.outputs), binary_default)
     return InferRequest(texts, request_id, outputs, binary_outputs)
 
 
 def _bytes_tensor(tensor: dict, i: int, limits: Limits, binary: bytes | None, offset: int) -> tuple[list[str], int]:
     """The strings of one BYTES input tensor of shape [N] or [N, 1], checked against the limits, and where the
     next input's binary data starts."""
-    _unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), f"inputs[{i}]")
+    unknown_keys(tensor, ("name", "shape", "datatype", "data", "parameters"), f"inputs[{i}]")
     name = tensor["name"]
     if tensor.get("datatype") != "BYTES":
         raise RequestError(
@@ -419,15 +372,16 @@ def _bytes_tensor(tensor: dict, i: int, limits: Limits, binary: bytes | None, of
         or (len(shape) == 2 and shape[1] != 1)
     ):
         raise RequestError(422, f"input {name!r} must have shape [N] or [N, 1], not {shape!r}"[:300], "bad_shape")
-    params = _object({} if tensor.get("parameters") is None else tensor["parameters"], f"inputs[{i}].parameters")
-    _unknown_keys(params, ("binary_data_size",), f"inputs[{i}].parameters")  # no shared memory
+    params = as_object({} if tensor.get("parameters") is None else tensor["parameters"], f"inputs[{i}].parameters")
+    unknown_keys(params, ("binary_data_size",), f"inputs[{i}].parameters")  # no shared memory
     size = params.get("binary_data_size")
     if size is not None:
         texts, offset = _binary_texts(name, size, shape, binary, offset, tensor)
     else:
         data = tensor.get("data")
         if not isinstance(data, list):
-            raise RequestError(422, f"input {name!r} data must be a list of strings, not {_type(data)}", "wrong_type")
+            wrong = f"input {name!r} data must be a list of strings, not {type_name(data)}"
+            raise RequestError(422, wrong, "wrong_type")
         texts = _flatten(data)
     if len(texts) != math.prod(shape):
         raise RequestError(
@@ -466,13 +420,13 @@ def _requested_outputs(
         raise RequestError(422, "'outputs' must be a non-empty list of {\"name\": ...} objects", "wrong_type")
     wanted, binary = [], set()
     for i, o in enumerate(outputs):
-        o = _object(o, f"outputs[{i}]")
-        _unknown_keys(o, ("name", "parameters"), f"outputs[{i}]")
+        o = as_object(o, f"outputs[{i}]")
+        unknown_keys(o, ("name", "parameters"), f"outputs[{i}]")
         name = o.get("name")
         if name not in names:
             raise RequestError(422, f"unknown output {name!r}; outputs are {', '.join(names)}"[:300], "unknown_output")
-        params = _object({} if o.get("parameters") is None else o["parameters"], f"outputs[{i}].parameters")
-        _unknown_keys(params, ("binary_data",), f"outputs[{i}].parameters")  # no classification extension
+        params = as_object({} if o.get("parameters") is None else o["parameters"], f"outputs[{i}].parameters")
+        unknown_keys(params, ("binary_data",), f"outputs[{i}].parameters")  # no classification extension
         flag = params.get("binary_data", binary_default)
         if not isinstance(flag, bool):
             raise RequestError(422, f"outputs[{i}].parameters.binary_data must be a boolean", "bad_parameter")

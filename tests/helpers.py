@@ -34,12 +34,12 @@ def sample_sentences(split: str = "dev") -> list[str]:
     return [line.split("\t")[0] for line in lines]
 
 
-def tiny_tokenizer(kind: str = "bert"):
+def tiny_tokenizer(family: str = "bert"):
     """A WordPiece (bert) or byte-level BPE (roberta) tokenizer trained on the shipped sample."""
     from tokenizers import BertWordPieceTokenizer, ByteLevelBPETokenizer
     from transformers import BertTokenizerFast, RobertaTokenizerFast
 
-    if kind == "bert":
+    if family == "bert":
         tok = BertWordPieceTokenizer(lowercase=True)
         tok.train_from_iterator(
             sample_sentences("train"), vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -70,7 +70,7 @@ def tiny_tokenizer(kind: str = "bert"):
 
 
 def tiny_model(
-    kind: str = "bert",
+    family: str = "bert",
     num_labels: int = 2,
     seed: int = 0,
     layers: int = 2,
@@ -104,7 +104,7 @@ def tiny_model(
         initializer_range=init_range,
         id2label={i: f"LABEL_{i}" for i in range(num_labels)},
     )
-    if kind == "bert":
+    if family == "bert":
         return (BertForMaskedLM if masked_lm else BertForSequenceClassification)(BertConfig(**common)).eval()
     cfg = RobertaConfig(**common, pad_token_id=1, bos_token_id=0, eos_token_id=2, type_vocab_size=1)
     return (RobertaForMaskedLM if masked_lm else RobertaForSequenceClassification)(cfg).eval()
@@ -112,8 +112,8 @@ def tiny_model(
 
 # Every supported family, as a tiny random classifier: 3 layers of 3 heads (odd), hidden 36 (not a multiple of 64),
 # FFN 40; ModernBERT's FFN is gated and its layers alternate global and local (window 8) attention.
-FAMILY_KINDS = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "mpnet")
-BYTE_LEVEL_KINDS = ("roberta", "xlm-roberta")
+FAMILY_TYPES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "modernbert", "mpnet")
+BYTE_LEVEL_TYPES = ("roberta", "xlm-roberta")
 
 
 def tiny_span_case(kind: str):
@@ -138,7 +138,7 @@ def tiny_span_case(kind: str):
 
 
 def tiny_family_model(
-    kind: str,
+    family: str,
     layers: int = 3,
     heads: int = 3,
     hidden: int = 36,
@@ -147,47 +147,47 @@ def tiny_family_model(
     num_labels: int = 2,
     init_range: float = 0.2,
 ):
-    """A random `*ForSequenceClassification` of family `kind` (one of FAMILY_KINDS), in eval mode."""
+    """A random `*ForSequenceClassification` of model type `family` (one of FAMILY_TYPES), in eval mode."""
     from pipeline.models.families import random_model
 
     extra = {
         "electra": {"embedding_size": 24},  # its own embedding projection
         "modernbert": {"local_attention": 8, "global_attn_every_n_layers": 2, "attention_bias": True},
         "deberta-v2": {"position_buckets": 16, "share_att_key": False},  # separate position projections
-    }.get(kind, {})
+    }.get(family, {})
     labels = dict(num_labels=num_labels, id2label={i: f"LABEL_{i}" for i in range(num_labels)})
     common = dict(initializer_range=init_range, max_position_embeddings=160, **labels, **extra)
-    return random_model(kind, layers, heads, hidden, ffn, vocab=VOCAB, seed=seed, **common)
+    return random_model(family, layers, heads, hidden, ffn, vocab=VOCAB, seed=seed, **common)
 
 
-def tiny_family_tokenizer(kind: str):
-    """The sample-trained tokenizer a tiny `kind` model reads: byte-level BPE for RoBERTa's kinds, else WordPiece,
+def tiny_family_tokenizer(family: str):
+    """The sample-trained tokenizer a tiny `family` model reads: byte-level BPE for RoBERTa's types, else WordPiece,
     without token type ids where the family takes none."""
     from pipeline.models.families import family_for
 
-    tokenizer = tiny_tokenizer("roberta" if kind in BYTE_LEVEL_KINDS else "bert")
-    if not family_for(kind).token_types:
+    tokenizer = tiny_tokenizer("roberta" if family in BYTE_LEVEL_TYPES else "bert")
+    if not family_for(family).token_types:
         tokenizer.model_input_names = ["input_ids", "attention_mask"]
     return tokenizer
 
 
-def write_tiny_family_dir(path: str | Path, kind: str, **kwargs) -> Path:
-    """A tiny classifier folder of family `kind` with its tokenizer."""
+def write_tiny_family_dir(path: str | Path, family: str, **kwargs) -> Path:
+    """A tiny classifier folder of model type `family` with its tokenizer."""
     path = Path(path)
-    tiny_family_model(kind, **kwargs).save_pretrained(str(path))
-    tiny_family_tokenizer(kind).save_pretrained(str(path))
+    tiny_family_model(family, **kwargs).save_pretrained(str(path))
+    tiny_family_tokenizer(family).save_pretrained(str(path))
     return path
 
 
-def write_tiny_model_dir(path: str | Path, kind: str = "bert", classifier: bool = True, **kwargs) -> Path:
+def write_tiny_model_dir(path: str | Path, family: str = "bert", classifier: bool = True, **kwargs) -> Path:
     """Save a tiny model + tokenizer folder; `classifier=False` saves the bare encoder, like a hub base model."""
     path = Path(path)
-    model = tiny_model(kind, **kwargs)
+    model = tiny_model(family, **kwargs)
     if classifier:
         model.save_pretrained(str(path))
     else:
         model.base_model.save_pretrained(str(path))
-    tiny_tokenizer(kind).save_pretrained(str(path))
+    tiny_tokenizer(family).save_pretrained(str(path))
     return path
 
 

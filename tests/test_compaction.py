@@ -16,10 +16,10 @@ from tests.helpers import sample_logits, tiny_model
 ATOL = 1e-5  # the design's compaction bar
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta"])
 @pytest.mark.parametrize("ratio", [0.25, 0.5])
-def test_fold_scale_is_exact_and_reloads(kind, ratio, tmp_path):
-    model = tiny_model(kind, layers=3)
+def test_fold_scale_is_exact_and_reloads(family, ratio, tmp_path):
+    model = tiny_model(family, layers=3)
     fuse_(model, MlpFusionConfig(ratio=ratio, layers=[0, 2]))
     before = sample_logits(model)
     report = compact_(model)
@@ -43,9 +43,9 @@ def test_uncompacted_fused_model_round_trips_with_its_scale(tmp_path):
     assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_dead_neurons_are_removed_exactly(kind):
-    model = tiny_model(kind, layers=3)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_dead_neurons_are_removed_exactly(family):
+    model = tiny_model(family, layers=3)
     layers = encoder_layers(model)
     with torch.no_grad():
         layers[0].output.dense.weight[:, :10] = 0  # silent neurons: no output weight
@@ -134,9 +134,9 @@ def _constant(layer, *heads, seed=0):
         value.bias[_rows(h)] = torch.randn(D, generator=g)
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_silent_heads_are_removed_exactly(kind, tmp_path):
-    model = tiny_model(kind, layers=3, heads=4)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_silent_heads_are_removed_exactly(family, tmp_path):
+    model = tiny_model(family, layers=3, heads=4)
     layers = encoder_layers(model)
     kept_q = torch.cat([layers[0].attention.self.query.weight[_rows(h)] for h in (0, 2)]).clone()
     with torch.no_grad():
@@ -155,10 +155,10 @@ def test_silent_heads_are_removed_exactly(kind, tmp_path):
     assert torch.equal(sample_logits(reloaded), sample_logits(model))
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_constant_value_heads_fold_into_output_bias(kind):
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_constant_value_heads_fold_into_output_bias(family):
     """Zero W_V rows with nonzero b_V: removable only with W_O b_V folded into b_O (inputs are padded)."""
-    model = tiny_model(kind, layers=3, heads=4)
+    model = tiny_model(family, layers=3, heads=4)
     layers = encoder_layers(model)
     with torch.no_grad():
         _constant(layers[0], 0, 2)
@@ -171,9 +171,9 @@ def test_constant_value_heads_fold_into_output_bias(kind):
     assert (before - sample_logits(model)).abs().max() <= ATOL
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_headless_and_zero_width_layers_save_and_reload_exactly(kind, tmp_path):
-    model = tiny_model(kind, layers=3, heads=4)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_headless_and_zero_width_layers_save_and_reload_exactly(family, tmp_path):
+    model = tiny_model(family, layers=3, heads=4)
     layers = encoder_layers(model)
     with torch.no_grad():
         _silence(layers[0], 0, 1)
@@ -223,10 +223,10 @@ def test_headless_layer_answers_like_bert_attention():
     assert encoder_layers(model)[1].attention.output.dense.bias.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_head_with_only_empty_query_is_kept(kind):
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_head_with_only_empty_query_is_kept(family):
     """Zero W_Q rows with nonzero b_Q still give key-dependent attention: the head is not constant."""
-    model = tiny_model(kind, layers=3, heads=4)
+    model = tiny_model(family, layers=3, heads=4)
     q = encoder_layers(model)[0].attention.self.query
     with torch.no_grad():
         q.weight[_rows(1)] = 0

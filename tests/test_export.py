@@ -24,12 +24,12 @@ def dev_texts():
     return load_task_data("sst2", source="sample", max_dev=96).dev
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_compacted_non_uniform_model_exports_with_parity(kind, dev_texts, tmp_path):
-    model = tiny_model(kind, layers=3)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_compacted_non_uniform_model_exports_with_parity(family, dev_texts, tmp_path):
+    model = tiny_model(family, layers=3)
     fuse_(model, MlpFusionConfig(ratio=0.25, layers=[1]))
     compact_(model)
-    tokenizer = tiny_tokenizer(kind)
+    tokenizer = tiny_tokenizer(family)
     report = export_optimized(model, tokenizer, tmp_path)
     assert report["fused_ops"].get("Attention") == 3
     enc = encode(tokenizer, dev_texts, 64)
@@ -106,13 +106,13 @@ def test_ort_runs_the_same_batches_as_torch(dev_texts, tmp_path):
     assert np.abs(torch_single - batched).max() < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_model_with_headless_and_zero_width_layers_exports_with_parity(kind, dev_texts, tmp_path, caplog):
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_model_with_headless_and_zero_width_layers_exports_with_parity(family, dev_texts, tmp_path, caplog):
     """Heads [0, 3, 1] and FFN widths [64, 0, 64]: ORT runs it, fuses attention where heads remain (without warning
     that the pruned layers' Q/K/V width differs from the hidden size), quantises it."""
     from pipeline.models.layers import encoder_layers
 
-    model = tiny_model(kind, layers=3, heads=4)
+    model = tiny_model(family, layers=3, heads=4)
     layers = encoder_layers(model)
     with torch.no_grad():
         for i, dead in ((0, (0, 1, 2, 3)), (1, (2,)), (2, (0, 1, 3))):
@@ -126,7 +126,7 @@ def test_model_with_headless_and_zero_width_layers_exports_with_parity(kind, dev
         layers[1].output.dense.weight.zero_()
     report = compact_(model)
     assert report["heads"] == [0, 3, 1] and report["ffn_widths"] == [64, 0, 64]
-    tokenizer = tiny_tokenizer(kind)
+    tokenizer = tiny_tokenizer(family)
     exported = export_optimized(model, tokenizer, tmp_path)
     assert exported["fused_ops"].get("Attention") == 2  # one per layer that still has heads
     assert not [r for r in caplog.records if r.name == "fusion_attention" and r.levelno >= logging.WARNING]

@@ -1,4 +1,4 @@
-"""Every supported family through the structural code, on a tiny random model of each (`FAMILY_KINDS`).
+"""Every supported family through the structural code, on a tiny random model of each (`FAMILY_TYPES`).
 
 Fast, in-process: compaction of dead and constant heads and neurons (and a layer left with no head) is exact and
 reloads at the real shapes; a student cut from any layers reloads as it was; MLP Fusion (gated FFNs included)
@@ -28,7 +28,7 @@ from pipeline.models.folders import check_model_dir
 from pipeline.models.io import load_model, save_model
 from pipeline.models.layers import encoder_layers, ffn_widths, head_counts
 from tests.helpers import (
-    FAMILY_KINDS,
+    FAMILY_TYPES,
     ServerProcess,
     assert_one_line_error,
     cli_deploy,
@@ -39,11 +39,11 @@ from tests.helpers import (
     write_tiny_family_dir,
 )
 
-each_family = pytest.mark.parametrize("kind", FAMILY_KINDS)
+each_family = pytest.mark.parametrize("family", FAMILY_TYPES)
 
 
 def test_every_supported_family_has_a_tiny_model():
-    assert sorted(FAMILY_KINDS) == sorted(SUPPORTED_MODEL_TYPES)
+    assert sorted(FAMILY_TYPES) == sorted(SUPPORTED_MODEL_TYPES)
 
 
 @torch.no_grad()
@@ -65,8 +65,8 @@ def _kill_units(model) -> None:
 
 
 @each_family
-def test_compaction_is_exact_and_reloads_at_its_shapes(kind, tmp_path):
-    model = tiny_family_model(kind)
+def test_compaction_is_exact_and_reloads_at_its_shapes(family, tmp_path):
+    model = tiny_family_model(family)
     _kill_units(model)
     before = sample_logits(model)
     report = compact_(model)
@@ -82,8 +82,8 @@ def test_compaction_is_exact_and_reloads_at_its_shapes(kind, tmp_path):
 
 
 @each_family
-def test_a_student_cut_from_any_layers_reloads_as_it_was(kind, tmp_path):
-    student, report = cut_from(tiny_family_model(kind), [1, 2], heads=2, ffn=20)
+def test_a_student_cut_from_any_layers_reloads_as_it_was(family, tmp_path):
+    student, report = cut_from(tiny_family_model(family), [1, 2], heads=2, ffn=20)
     assert report["heads"] == [2, 2] and report["ffn_widths"] == [20, 20]
     save_model(student, None, tmp_path / "s")
     reloaded = load_model(tmp_path / "s")
@@ -92,8 +92,8 @@ def test_a_student_cut_from_any_layers_reloads_as_it_was(kind, tmp_path):
 
 
 @each_family
-def test_mlp_fusion_compacts_exactly(kind, tmp_path):
-    model = tiny_family_model(kind)
+def test_mlp_fusion_compacts_exactly(family, tmp_path):
+    model = tiny_family_model(family)
     fuse_(model, MlpFusionConfig(ratio=0.5, n_init=1, layers=[0, 2]))
     before = sample_logits(model)
     save_model(model, None, tmp_path / "fused")  # the scale is saved unfolded, as the compress stage saves it
@@ -104,8 +104,8 @@ def test_mlp_fusion_compacts_exactly(kind, tmp_path):
 
 
 @each_family
-def test_head_and_neuron_masks_compact_exactly(kind):
-    model = tiny_family_model(kind)
+def test_head_and_neuron_masks_compact_exactly(family):
+    model = tiny_family_model(family)
     masker = Masker.attach(model, "neuron", "head")
     torch.manual_seed(1)
     for g in masker.groups:
@@ -121,8 +121,8 @@ def test_head_and_neuron_masks_compact_exactly(kind):
 
 
 @each_family
-def test_onnx_graph_matches_torch(kind, tmp_path):
-    model = tiny_family_model(kind)
+def test_onnx_graph_matches_torch(family, tmp_path):
+    model = tiny_family_model(family)
     _kill_units(model)
     compact_(model)
     export_optimized(model, None, tmp_path)
@@ -137,14 +137,14 @@ def test_onnx_graph_matches_torch(kind, tmp_path):
 
 
 @each_family
-def test_ort_fuses_what_the_family_says(kind, tmp_path):
+def test_ort_fuses_what_the_family_says(family, tmp_path):
     """The adapter's `ort_fuses` is what ORT's fuser (`ort_fusion`) gives its graphs: every named fusion is there,
     and attention is fused exactly where it is named (the families table in the README reads from them)."""
-    model = tiny_family_model(kind)
+    model = tiny_family_model(family)
     fused = export_optimized(model, None, tmp_path)["fused_ops"]
     family = family_of(model)
-    assert family.ort_fusion == "bert" and set(family.ort_fuses) <= set(fused), (kind, fused)
-    assert ("Attention" in fused) == ("Attention" in family.ort_fuses), (kind, fused)
+    assert family.ort_fusion == "bert" and set(family.ort_fuses) <= set(fused), (family, fused)
+    assert ("Attention" in fused) == ("Attention" in family.ort_fuses), (family, fused)
 
 
 def test_family_knowledge_lives_on_the_adapter():
@@ -201,11 +201,11 @@ def test_an_unsupported_family_is_one_line_naming_the_supported(tmp_path):
 
 
 @each_family
-def test_every_family_reports_its_shape(kind):
-    model = tiny_family_model(kind)
+def test_every_family_reports_its_shape(family):
+    model = tiny_family_model(family)
     arch = family_of(model).arch(model.config.to_dict())
     assert (arch.layers, arch.heads, arch.hidden, arch.ffn, arch.head_dim) == (3, 3, 36, 40, 12)
-    assert arch.gated == (kind == "modernbert")
+    assert arch.gated == (family == "modernbert")
 
 
 # End to end: `pipeline deploy` per family. CI runs one method per adapter besides BERT's, every method once (the
@@ -234,13 +234,13 @@ DIAGONAL = [  # every adapter but BERT's (BERT and RoBERTa deploy with every met
     ("modernbert", "mlp_fusion"),
     ("mpnet", "distill+smp"),
 ]
-FULL = [(kind, method) for kind in FAMILY_KINDS for method in TINY_METHOD]
+FULL = [(family, method) for family in FAMILY_TYPES for method in TINY_METHOD]
 CELLS = FULL if os.environ.get("PIPELINE_FAMILY_MATRIX") == "full" else DIAGONAL
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize(("kind", "method"), CELLS)
-def test_deploy_publishes_an_exact_artifact_that_every_reader_answers_alike(kind, method, tmp_path):
+@pytest.mark.parametrize(("family", "method"), CELLS)
+def test_deploy_publishes_an_exact_artifact_that_every_reader_answers_alike(family, method, tmp_path):
     from optimum.onnxruntime import ORTModelForSequenceClassification
     from transformers import AutoTokenizer, pipeline
 
@@ -250,14 +250,14 @@ def test_deploy_publishes_an_exact_artifact_that_every_reader_answers_alike(kind
     # width a smaller init keeps logits O(1), so fp32 rounding stays well inside the 1e-5 compaction gate
     target = "--target-speedup" in TINY_METHOD[method]
     shape = dict(layers=4, heads=3, hidden=96, ffn=384, init_range=0.1) if target else {}
-    model_dir = write_tiny_family_dir(tmp_path / "model", kind, **shape)
+    model_dir = write_tiny_family_dir(tmp_path / "model", family, **shape)
     _, artifact = quick_deploy(method, model_dir, tmp_path, *TINY_METHOD[method])
     report = json.loads((artifact / "report.json").read_text())
     assert report["compaction"]["max_abs_diff"] <= 1e-5
     parity = report["validation"]["onnx_parity"]
     assert parity["max_abs_diff"] <= 1e-4 and parity["argmax_agreement"] == 1.0
     config = json.loads((artifact / "config.json").read_text())
-    assert config["model_type"] == kind and config["layer_heads"] == report["compaction"]["heads"]
+    assert config["model_type"] == family and config["layer_heads"] == report["compaction"]["heads"]
     reloaded = load_model(artifact / "pytorch")
     assert head_counts(reloaded) == report["compaction"]["heads"]
     assert ffn_widths(reloaded) == report["compaction"]["ffn_widths"]
@@ -291,7 +291,7 @@ def test_an_unsupported_family_is_refused_by_deploy_in_one_line(tmp_path):
 
 
 @each_family
-def test_a_relu_student_reloads_and_exports_with_relu(kind, tmp_path):
+def test_a_relu_student_reloads_and_exports_with_relu(family, tmp_path):
     """FastFormers' swap: every FFN activation becomes ReLU (a gated FFN keeps its gate), the config says so, the
     saved model reloads with it and its ONNX graph computes it."""
     import onnx
@@ -300,7 +300,7 @@ def test_a_relu_student_reloads_and_exports_with_relu(kind, tmp_path):
     from pipeline.compress.methods.distill.students import build_student
     from pipeline.data.tasks import TASKS
 
-    teacher = tiny_family_model(kind)
+    teacher = tiny_family_model(family)
     gelu, _ = build_student(teacher, StudentConfig(layers=2), TASKS["sst2"])
     relu, info = build_student(teacher, StudentConfig(layers=2, activation="relu"), TASKS["sst2"])
     assert info["activation"] == "relu" and "activation" not in StudentConfig(layers=2).model_dump()

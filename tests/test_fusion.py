@@ -21,9 +21,9 @@ def _inputs(seed=0):
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_full_width_fusion_is_identity(kind):
-    model = tiny_model(kind)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_full_width_fusion_is_identity(family):
+    model = tiny_model(family)
     before = model(**_inputs()).logits
     report = fuse_(model, MlpFusionConfig(ratio=1.0))
     after = model(**_inputs()).logits

@@ -20,7 +20,7 @@ from pipeline.errors import PipelineError
 from pipeline.models.io import load_base_model
 from pipeline.stages import general
 from pipeline.train.loop import num_steps
-from tests.helpers import FAMILY_KINDS, LOOSE_GATES, quick_args, run_cli, tiny_family_model
+from tests.helpers import FAMILY_TYPES, LOOSE_GATES, quick_args, run_cli, tiny_family_model
 
 SENTENCES = [
     "The film was a quiet delight from start to finish.",
@@ -140,18 +140,18 @@ def _batch():
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("kind", FAMILY_KINDS)
-def test_a_student_of_the_teachers_shape_cut_from_it_is_the_teacher(kind):
-    teacher = tiny_family_model(kind, layers=4).base_model.eval()
+@pytest.mark.parametrize("family", FAMILY_TYPES)
+def test_a_student_of_the_teachers_shape_cut_from_it_is_the_teacher(family):
+    teacher = tiny_family_model(family, layers=4).base_model.eval()
     same, made = build_general_student(teacher, {"layers": 4, "hidden": 36, "heads": 3, "ffn": 40}, "teacher", 0)
     a, b = (m.eval()(**_batch(), output_hidden_states=True).hidden_states for m in (teacher, same))
     assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(a, b, strict=True))
     assert made["teacher_layers"] == [0, 1, 2, 3] and made["hidden_kept"] == list(range(36))
 
 
-@pytest.mark.parametrize("kind", [k for k in FAMILY_KINDS if k != "mpnet"])
-def test_a_narrower_student_keeps_the_most_important_units(kind):
-    teacher = tiny_family_model(kind, layers=4).base_model.eval()
+@pytest.mark.parametrize("family", [k for k in FAMILY_TYPES if k != "mpnet"])
+def test_a_narrower_student_keeps_the_most_important_units(family):
+    teacher = tiny_family_model(family, layers=4).base_model.eval()
     small, made = build_general_student(teacher, {"layers": 2, "hidden": 24, "heads": 2, "ffn": 20}, "teacher", 0)
     out = small.eval()(**_batch()).last_hidden_state
     assert out.shape == (2, 9, 24) and torch.isfinite(out).all()

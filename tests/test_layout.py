@@ -162,6 +162,8 @@ HOMES = {
     "pipeline.staging": ("WORK", "DENSE_GRAPHS", "STAGING_PREFIX", "stamp_task", "new_staging", "discard"),
     "pipeline.run": ("Run", "STATE_FILE", "STEPS", "prepare", "finish", "run_step", "start_work", "publish_work"),
     "pipeline.compress.deploy_config": ("DeployConfig",),
+    "pipeline.kinds": ("KINDS", "kind_of"),
+    "serving.kinds": ("SERVED", "served_kind"),
 }
 
 
@@ -187,6 +189,38 @@ def test_every_piece_of_the_house_has_one_home():
     for module, path in modules.items():
         if module.startswith("flows."):
             assert not [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)], module
+
+
+KIND_NAMES = {"SEQUENCE", "TOKEN", "QA"}
+# the features that exist for one kind only, and so name it: output KD from another teacher and augmented
+# sentences (sentence labels), SMP's verbalizer (label words), the transformers pipeline tag of the contract, and
+# `pipeline tasks` marking the kinds that are not the default
+ONE_KIND_FEATURES = {"pipeline.request", "pipeline.compress.methods.smp.heads", "serving.artifact", "pipeline.cli"}
+
+
+def kind_branches(path: Path) -> list[int]:
+    """Lines that compare something with a kind's name (`kind == QA`, `spec.kind != SEQUENCE`, `kind in (...)`)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            if names & KIND_NAMES:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_task_kinds_are_branched_on_only_in_their_adapters():
+    """What differs between kinds is each kind's adapter (`pipeline/kinds/`, `serving/kinds/`); elsewhere only the
+    one-kind features name a kind."""
+    found = {m: kind_branches(p) for m, p in project_modules().items()
+             if not m.startswith(("pipeline.kinds", "serving.kinds")) and m not in ONE_KIND_FEATURES}  # fmt: skip
+    assert not {m: lines for m, lines in found.items() if lines}, found
+    sample = ROOT / "tests" / "test_layout.py"
+    assert kind_branches(sample)  # the scan sees a comparison with a kind's name (this module's own, below)
+
+
+def _a_branch_for_the_scan(kind: str) -> bool:
+    return kind == QA  # noqa: F821 - never run: the scan above must find it
 
 
 def test_methods_are_listed_without_importing_any_other_pipeline_module_first():

@@ -22,7 +22,7 @@ from pipeline.kinds.squad import QASplit, Question
 from pipeline.kinds.tagged import TaggedSplit
 from pipeline.models.io import auto_class, load_model, save_model
 from tests.helpers import (
-    FAMILY_KINDS,
+    FAMILY_TYPES,
     sample_logits,
     sample_sentences,
     tiny_family_model,
@@ -55,17 +55,16 @@ def test_a_method_name_registered_twice_is_an_error():
 
 
 @functools.cache
-def _encoded(kind: str):
-    """The sample, tokenised for `kind`'s tokenizer (read, trained and encoded once per family)."""
+def _encoded(family: str):
+    """The sample, tokenised for `family`'s tokenizer (read, trained and encoded once per family)."""
     data = load_task_data("sst2", source="sample", max_train=96, max_dev=32)
-    return encode_task(tiny_family_tokenizer(kind), data, 32)
+    return encode_task(tiny_family_tokenizer(family), data, 32)
 
 
-def _context(kind: str):
-    train_enc, val_enc = _encoded(kind)
-    teacher = (tiny_model("bert", layers=2) if kind == "bert" else tiny_family_model(kind, layers=2)).requires_grad_(
-        False
-    )
+def _context(family: str):
+    train_enc, val_enc = _encoded(family)
+    teacher = tiny_model("bert", layers=2) if family == "bert" else tiny_family_model(family, layers=2)
+    teacher.requires_grad_(False)
     return StageContext(teacher=teacher, train=train_enc, validation=val_enc, task=get_task("sst2"))
 
 
@@ -110,17 +109,17 @@ def test_method_on_token_classification_and_question_answering(name, task, tmp_p
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("name", sorted(set(MATRIX) - {"none"}))
-@pytest.mark.parametrize("kind", [k for k in FAMILY_KINDS if k != "bert"])
-def test_method_on_every_family(name, kind, tmp_path):
-    _check_method(name, "cpu", kind, tmp_path)
+@pytest.mark.parametrize("family", [k for k in FAMILY_TYPES if k != "bert"])
+def test_method_on_every_family(name, family, tmp_path):
+    _check_method(name, "cpu", family, tmp_path)
 
 
-def _check_method(name: str, device: str, kind: str, tmp_path, ctx: StageContext | None = None) -> None:
+def _check_method(name: str, device: str, family: str, tmp_path, ctx: StageContext | None = None) -> None:
     method = next(m for m in methods() if m.name == name)
     settings = copy.deepcopy(MATRIX[name])
     settings["train"] = {**TINY_TRAIN, **settings.get("train", {}), "device": device}
     cfg = method.config_cls.model_validate(settings)
-    ctx = ctx or _context(kind)
+    ctx = ctx or _context(family)
     model = copy.deepcopy(ctx.teacher).requires_grad_(True)  # a trainable copy, as the compress stage loads it
     model = method.apply(model, cfg, ctx)
     assert not any(isinstance(m, MaskedLinear) for m in model.modules())

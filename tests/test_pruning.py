@@ -34,10 +34,10 @@ LINEARS = (
 )
 
 
-def _context(kind="bert", teacher=None):
+def _context(family="bert", teacher=None):
     data = load_task_data("sst2", source="sample", max_train=96, max_dev=32)
-    train_enc, dev_enc = encode_task(tiny_tokenizer(kind), data, 32)
-    teacher = teacher or tiny_model(kind, layers=2)
+    train_enc, dev_enc = encode_task(tiny_tokenizer(family), data, 32)
+    teacher = teacher or tiny_model(family, layers=2)
     for p in teacher.parameters():
         p.requires_grad_(False)
     return StageContext(teacher=teacher, train=train_enc, validation=dev_enc, task=get_task("sst2"))
@@ -160,7 +160,7 @@ def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
         classification_loss(ctx.teacher, TrainConfig(layer_kd=1.0))(narrow, batch)
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("family", ["bert", "roberta"])
 @pytest.mark.parametrize(
     "granularity",
     [
@@ -170,10 +170,10 @@ def test_layer_kd_adds_the_per_layer_hidden_mse_to_the_teacher():
         ("neuron", "none", None),
     ],
 )
-def test_compaction_is_exact_for_every_granularity(kind, granularity, tmp_path):
+def test_compaction_is_exact_for_every_granularity(family, granularity, tmp_path):
     """Masks at each granularity, with scores rigged so layer 0 loses every head and layer 1 every FFN neuron."""
     ffn, attention, block = granularity
-    model = tiny_model(kind, layers=3)
+    model = tiny_model(family, layers=3)
     masker = Masker.attach(model, ffn=ffn, attention=attention, block=block or (32, 32))
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():

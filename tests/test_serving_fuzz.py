@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from serving.artifact import QA, SEQUENCE, TOKEN
+from serving.kinds import served_kind
 from serving.validation import Limits, Question, RequestError, decode_json, parse_infer, parse_predict
 from tests.helpers import ThreadServer
 
@@ -108,7 +109,7 @@ def _parse(parser, body: bytes):
 @FUZZ
 @given(st.one_of(predict_bodies.map(_encode), raw_bodies))
 def test_predict_parser_raises_only_request_errors(body):
-    req = _parse(parse_predict, body)
+    req = _parse(lambda payload, limits: parse_predict(payload, limits, False, served_kind(SEQUENCE)), body)
     if req is not None:
         assert 1 <= len(req.texts) <= LIMITS.max_items and all(isinstance(t, str) for t in req.texts)
 
@@ -116,13 +117,14 @@ def test_predict_parser_raises_only_request_errors(body):
 @FUZZ
 @given(st.one_of(infer_bodies.map(_encode), raw_bodies))
 def test_infer_parser_raises_only_request_errors(body):
-    req = _parse(parse_infer, body)
+    req = _parse(lambda payload, limits: parse_infer(payload, limits, False, served_kind(SEQUENCE)), body)
     if req is not None:
         assert 1 <= len(req.texts) <= LIMITS.max_items and req.outputs
 
 
 # Every kind of artifact: (pair, kind) as the server passes them to the parsers.
-KIND_ARGS = [(False, SEQUENCE), (True, SEQUENCE), (False, TOKEN), (False, QA)]
+KIND_ARGS = [(False, served_kind(SEQUENCE)), (True, served_kind(SEQUENCE)), (False, served_kind(TOKEN)),
+             (False, served_kind(QA))]  # fmt: skip
 questions = st.fixed_dictionaries({}, optional={"question": texts, "context": texts, "text": texts})
 span_parameters = st.fixed_dictionaries(
     {},
@@ -168,7 +170,7 @@ binary_parts = st.one_of(serialised, st.binary(max_size=40))
 def test_every_kinds_predict_parser_raises_only_request_errors(kind_args, body):
     req = _parse(lambda payload, limits: parse_predict(payload, limits, *kind_args), body)
     if req is not None:
-        want = Question if kind_args[1] == QA else tuple if kind_args[0] else str
+        want = Question if kind_args[1].name == QA else tuple if kind_args[0] else str
         assert 1 <= len(req.texts) <= LIMITS.max_items and all(isinstance(t, want) for t in req.texts)
 
 

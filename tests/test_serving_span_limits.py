@@ -201,15 +201,18 @@ def test_windows_per_request_are_capped(sessions):
         assert httpx.post(f"{srv.url}/predict", json={"inputs": items[:1]}, timeout=60).status_code == 200
 
 
-def test_the_session_stops_tokenising_once_past_the_cap(sessions):
+def test_the_session_stops_tokenising_once_past_the_cap(sessions, monkeypatch):
+    from serving.kinds.question_answering import ServedQuestionAnswering
     from serving.session import ArtifactSession
     from serving.validation import Question, RequestError
 
     capped = ArtifactSession(sessions["question-answering"].path, max_windows=3)
     items = [Question(QUESTION, c) for c in _contexts(64, 4000)]
     calls = []
-    original = capped._encodings
-    capped._encodings = lambda q: calls.append(q) or original(q)
+    original = ServedQuestionAnswering._encodings
+    monkeypatch.setattr(
+        ServedQuestionAnswering, "_encodings", staticmethod(lambda s, q: calls.append(q) or original(s, q))
+    )
     with pytest.raises(RequestError, match=r"at least \d+ windows of the model's max tokens; at most 3") as e:
         capped.encode(items)
     assert e.value.status == 413 and len(calls) == 1  # the first context alone passes the cap

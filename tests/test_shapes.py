@@ -54,10 +54,10 @@ def test_a_family_runs_without_layers_exactly_where_its_adapter_says():
 
     from pipeline.compress.compaction import cut_from
     from pipeline.models.families import family_of
-    from tests.helpers import FAMILY_KINDS, tiny_family_model
+    from tests.helpers import FAMILY_TYPES, tiny_family_model
 
     ids = torch.tensor([[5, 6, 7, 8]])
-    for kind in FAMILY_KINDS:
+    for kind in FAMILY_TYPES:
         model = tiny_family_model(kind)
         empty = cut_from(model, [], None, None)[0]
         if family_of(model).runs_without_layers:

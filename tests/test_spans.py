@@ -31,11 +31,11 @@ def _torch_logits(model, enc) -> tuple[np.ndarray, ...]:
     return (out.logits[0].numpy(),)
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_answers_equal_the_question_answering_pipelines(kind):
-    tok = tiny_tokenizer(kind)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_answers_equal_the_question_answering_pipelines(family):
+    tok = tiny_tokenizer(family)
     sentences = sample_sentences("dev")
-    qa = pipeline("question-answering", model=_heads(kind, AutoModelForQuestionAnswering, 0), tokenizer=tok)
+    qa = pipeline("question-answering", model=_heads(family, AutoModelForQuestionAnswering, 0), tokenizer=tok)
     multi = 0
     settings = ((64, 16, 15), (128, 32, 30))  # max_seq_len, doc_stride, max_answer_len
     cutters = [windowing(tok.backend_tokenizer, max_len, stride) for max_len, stride, _ in settings]
@@ -56,11 +56,11 @@ def test_answers_equal_the_question_answering_pipelines(kind):
     assert multi >= 4  # long contexts were windowed
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
-def test_entities_equal_the_token_classification_pipelines_simple_aggregation(kind):
-    tok = tiny_tokenizer(kind)
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_entities_equal_the_token_classification_pipelines_simple_aggregation(family):
+    tok = tiny_tokenizer(family)
     labels = {i: t for i, t in enumerate(TAGS)}
-    model = _heads(kind, AutoModelForTokenClassification, 1, num_labels=len(TAGS), id2label=labels,
+    model = _heads(family, AutoModelForTokenClassification, 1, num_labels=len(TAGS), id2label=labels,
                    label2id={t: i for i, t in labels.items()})  # fmt: skip
     ner = pipeline("token-classification", model=model, tokenizer=tok, aggregation_strategy="simple")
     found = 0

@@ -19,9 +19,9 @@ from pipeline.train.metrics import predict_logits
 from pipeline.train.parity import compare_logits, onnx_logits
 from tests.helpers import tiny_model, tiny_tokenizer, write_tiny_model_dir
 
-KINDS = ["bert", "roberta"]
+FAMILIES = ["bert", "roberta"]
 # Single tokens in both tiny tokenizers' 400-token vocabularies ("great", "terrible", "yes" are split there).
-WORDS = {kind: ["story", "film", "about"] for kind in KINDS}
+WORDS = {kind: ["story", "film", "about"] for kind in FAMILIES}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def mlm(tmp_path_factory):
     """
     root = tmp_path_factory.mktemp("mlm")
     out = {}
-    for kind in KINDS:
+    for kind in FAMILIES:
         model = tiny_model(kind, masked_lm=True)
         with torch.no_grad():
             for name, p in model.named_parameters():
@@ -52,15 +52,15 @@ def _batch(kind: str, pair: bool) -> dict[str, torch.Tensor]:
     return dict(batch)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("task", ["sst2", "mnli"])
-def test_logits_are_the_mlm_logits_of_the_label_words_at_the_first_token(kind, task, mlm):
-    path, reference = mlm[kind]
+def test_logits_are_the_mlm_logits_of_the_label_words_at_the_first_token(family, task, mlm):
+    path, reference = mlm[family]
     spec = TASKS[task]
-    words = WORDS[kind][: spec.num_labels]
+    words = WORDS[family][: spec.num_labels]
     model = build_verbalizer_classifier(path, spec, words)
-    ids = label_word_ids(tiny_tokenizer(kind), words, kind)
-    batch = _batch(kind, pair=spec.is_pair)
+    ids = label_word_ids(tiny_tokenizer(family), words, family)
+    batch = _batch(family, pair=spec.is_pair)
     with torch.no_grad():
         expected = reference(**batch).logits[:, 0, ids]
         got = model(**batch).logits
@@ -70,14 +70,14 @@ def test_logits_are_the_mlm_logits_of_the_label_words_at_the_first_token(kind, t
     assert model.config.id2label == dict(enumerate(spec.labels))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_saved_verbalizer_reloads_strictly_after_install(kind, mlm, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_saved_verbalizer_reloads_strictly_after_install(family, mlm, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    model = build_verbalizer_classifier(mlm[kind][0], get_task("sst2"), WORDS[kind][:2])
+    model = build_verbalizer_classifier(mlm[family][0], get_task("sst2"), WORDS[family][:2])
     model.save_pretrained(tmp_path)
-    tiny_tokenizer(kind).save_pretrained(tmp_path)
+    tiny_tokenizer(family).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
     config = AutoConfig.from_pretrained(tmp_path)
     assert config.classifier_head == "verbalizer"
@@ -86,15 +86,15 @@ def test_saved_verbalizer_reloads_strictly_after_install(kind, mlm, tmp_path):
     rebuilt = AutoModelForSequenceClassification.from_config(config)
     install_verbalizer_(rebuilt)
     rebuilt.load_state_dict(state, strict=True)
-    batch = _batch(kind, pair=False)
+    batch = _batch(family, pair=False)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt.eval()(**batch).logits, model(**batch).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_onnx_export_matches_torch(kind, mlm, tmp_path):
-    model = build_verbalizer_classifier(mlm[kind][0], get_task("sst2"), WORDS[kind][:2])
-    tokenizer = tiny_tokenizer(kind)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_onnx_export_matches_torch(family, mlm, tmp_path):
+    model = build_verbalizer_classifier(mlm[family][0], get_task("sst2"), WORDS[family][:2])
+    tokenizer = tiny_tokenizer(family)
     raw = export_onnx(model, tokenizer, tmp_path / "raw")
     optimize_onnx(raw, tmp_path / "model.onnx")
     enc = encode(tokenizer, load_task_data("sst2", source="sample", max_dev=32).dev, 64)
@@ -104,16 +104,16 @@ def test_onnx_export_matches_torch(kind, mlm, tmp_path):
         assert parity.passed, (graph.name, parity)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_has_mlm_head(kind, mlm, tmp_path):
-    assert has_mlm_head(mlm[kind][0])
-    mlm[kind][1].save_pretrained(tmp_path / "bin", safe_serialization=False)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_has_mlm_head(family, mlm, tmp_path):
+    assert has_mlm_head(mlm[family][0])
+    mlm[family][1].save_pretrained(tmp_path / "bin", safe_serialization=False)
     assert not has_mlm_head(tmp_path / "bin")  # pickle weights are never read, not even for their names
-    classifier = write_tiny_model_dir(tmp_path / "clf", kind)
+    classifier = write_tiny_model_dir(tmp_path / "clf", family)
     assert not has_mlm_head(classifier)
-    assert not has_mlm_head(write_tiny_model_dir(tmp_path / "bare", kind, classifier=False))
+    assert not has_mlm_head(write_tiny_model_dir(tmp_path / "bare", family, classifier=False))
     with pytest.raises(PipelineError, match="no pre-trained MLM head"):
-        build_verbalizer_classifier(classifier, get_task("sst2"), WORDS[kind][:2])
+        build_verbalizer_classifier(classifier, get_task("sst2"), WORDS[family][:2])
 
 
 @pytest.mark.parametrize(("kind", "word"), [("bert", "unfunnyfilm"), ("bert", "☃"), ("roberta", "unfunnyfilm")])
