@@ -127,7 +127,7 @@ def test_steps_is_every_trained_stage_budget(method, tmp_path):
     shortcuts = dict.fromkeys(["set_", "teacher_steps", "max_train", "max_dev", "bench_runs", "target_speedup"])
     request = _request(method, "sst2", steps=7, output=str(tmp_path / "out"), cache_dir=str(tmp_path), **shortcuts)
     names = method.split("+")  # the request's config holds one section per method of the chain
-    assert [request.config.sections[name]["train"]["max_steps"] for name in names] == [7] * len(names)
+    assert [request.config.config[name]["train"]["max_steps"] for name in names] == [7] * len(names)
 
 
 @pytest.mark.parametrize(("how", "needle"), [("config", "config.json:1: not valid JSON"), ("weights", "corrupt")])

@@ -63,3 +63,19 @@ def test_the_serialised_config_and_the_cache_key_parts_are_what_they_were(args, 
         and again.model_dump() == cfg.model_dump()
         and [type(c) for c in again.chain] == [type(c) for c in cfg.chain]
     )
+
+
+def test_a_request_validates_against_the_flows_parameter_schema(tmp_path):
+    """Prefect checks a deployment's parameters against the flow's JSON schema (`pipeline schedule`): the config's
+    schema must describe its serialised form, the method string and its sections."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import validate
+
+    from flows.deploy import deploy
+    from pipeline.request import prepare_request
+
+    request = prepare_request("distill+smp", "sst2", output_dir=str(tmp_path / "out"), cache_dir=str(tmp_path),
+                              overrides=["target.speedup=4"])  # fmt: skip
+    schema = parameter_schema(deploy.fn).model_dump()
+    validate({"request": request.model_dump(mode="json")}, schema, raise_on_error=True, ignore_required=False)
+    assert DeployConfig.model_validate(request.config.model_dump(mode="json")).chain == request.config.chain

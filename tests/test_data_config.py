@@ -163,16 +163,16 @@ def test_question_answering_has_its_own_lengths_batching_and_int8_gate_unless_to
     for method in ("none", "distill", "smp", "distill+smp"):
         cfg = build_deploy_config(method, "squad")
         assert (cfg.teacher.max_length, cfg.target.seq, cfg.bench.seq_lens) == (384, 384, (128, 384))
-        assert {name: section["train"]["max_length"] for name, section in cfg.sections.items()} == {
+        assert {name: section["train"]["max_length"] for name, section in cfg.config.items()} == {
             name: 384 for name in method.split("+")
         }
         assert cfg.teacher.group_by_length and cfg.gates.int8_max_drop == 2.0  # and batching and the int8 gate
         assert cfg.teacher.lr == build_deploy_config(method, "sst2").teacher.lr  # nothing else
     told = build_deploy_config("distill", "squad", overrides=["config.train.max_length=256", "target.seq=256"])
-    trained_at = told.sections["distill"]["train"]["max_length"]
+    trained_at = told.config["distill"]["train"]["max_length"]
     assert (trained_at, told.target.seq, told.teacher.max_length) == (256, 256, 384)
     assert (
-        build_deploy_config("distill+smp", "squad", overrides=["config.smp.train.max_length=200"]).sections["smp"][
+        build_deploy_config("distill+smp", "squad", overrides=["config.smp.train.max_length=200"]).config["smp"][
             "train"
         ]["max_length"]
         == 200

@@ -182,11 +182,11 @@ def test_the_plan_sets_the_student_depth_and_the_pruned_shape():
     t = synthetic_table()
     planned = apply_shape(cfg, search_shape(t, 4.0, [3]), t.teacher)
     assert planned.method == "distill+smp" and planned.chain[0].student.layers == 3  # typed: the plan's config
-    assert planned.sections["distill"]["student"]["layers"] == 3
+    assert planned.config["distill"]["student"]["layers"] == 3
     shape = search_shape(t, 4.0, [3])
-    assert planned.sections["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+    assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
     full_depth = apply_shape(cfg, search_shape(t, 2.5, [6]), t.teacher)  # all layers kept: nothing to distill
-    assert full_depth.method == "smp" and "shape" in full_depth.sections["smp"]["mask"]
+    assert full_depth.method == "smp" and "shape" in full_depth.config["smp"]["mask"]
     dense = apply_shape(cfg, search_shape(t, 1.5, [6]), t.teacher)  # dense int8 meets it: nothing to prune either
     assert dense.method == "none" and dense.chain == (NoneConfig(),)
     assert layer_options(build_deploy_config("smp", "sst2"), 6) == [6]
@@ -416,15 +416,15 @@ def test_the_search_takes_a_narrower_hidden_size_where_it_keeps_more_weights():
         planned = apply_shape(cfg, shape, table.teacher, narrower)
         assert planned.method.startswith("distill") == (shape.layers < 6 or narrower is not None)
         if planned.method.startswith("distill"):
-            student = planned.sections["distill"]["student"]
+            student = planned.config["distill"]["student"]
             assert student["layers"] == shape.layers and student.get("hidden") == narrower
-        if "smp" in planned.sections:
-            assert planned.sections["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
+        if "smp" in planned.config:
+            assert planned.config["smp"]["mask"]["shape"] == {"heads": shape.heads, "ffn": shape.ffn}
     for objective in ("weights", "balanced"):
         assert search_widths([wide, narrow], 20.0, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 256  # tight
         assert search_widths([wide, narrow], 2.5, [1, 2, 3, 4, 5, 6], objective=objective)[0].hidden == 384  # loose
     full = apply_shape(cfg, search_shape(narrow, 1.2, [6]), narrow.teacher, 256)  # every layer, but narrower
-    assert full.method.startswith("distill") and full.sections["distill"]["student"]["hidden"] == 256
+    assert full.method.startswith("distill") and full.config["distill"]["student"]["hidden"] == 256
 
 
 def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_dirs, tmp_path, monkeypatch):

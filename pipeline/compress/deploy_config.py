@@ -1,16 +1,17 @@
 """The deploy configuration: everything one run needs, with its method chain as a typed value.
 
 `DeployConfig.chain` holds one validated config object per method of the chain (`DistillConfig`, `SmpConfig`,
-...), built once when the configuration is read; every stage reads them from it. Its serialised form is what it
-was when the chain was a string and a dict of sections (`method: distill+smp`, `config: {distill: ..., smp: ...}`),
-byte for byte, so artifact names and cache keys do not move, and state files and Prefect parameters read back.
+...), built once when the configuration is read; every stage reads them from it. Its fields, and so its JSON and
+its JSON schema, are what they were when the chain was only a string and a dict of sections (`method: distill+smp`,
+`config: {distill: ..., smp: ...}`), byte for byte: artifact names and cache keys do not move, and state files
+and Prefect parameters (validated against the schema) read back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import SerializeAsAny, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from pipeline.compress.registry import Method, get_method, parse_chain
 from pipeline.config.recipes import CHAIN_SEP
@@ -32,14 +33,16 @@ from pipeline.errors import PipelineError
 class DeployConfig(FrozenModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
-    Read from a mapping with `method` (a chain such as `distill+smp`) and `config` (one section per method,
-    `config.<method>`, each validated by the method's own config class); `teacher` comes from the shared teacher
+    `method` names the chain (`smp`, `distill+smp`) and `config` holds one section per method (`config.<method>`);
+    reading the config parses each section once into the method's config class (`chain`) and records the section
+    with every default filled in (what ran is what is recorded). `teacher` comes from the shared teacher
     definitions in `recipes/teacher/` unless a recipe inlines one.
     """
 
     task: str
     custom_task: CustomTask | None = None  # a user's task (`--task-file`); it travels with the artifact's config
-    chain: tuple[SerializeAsAny[MethodConfig], ...]
+    method: str
+    config: dict[str, Any] = Field(default_factory=dict)
     teacher: TrainConfig
     data: DataLimits = DataLimits()
     bench: BenchSettings = BenchSettings()
@@ -47,51 +50,26 @@ class DeployConfig(FrozenModel):
     target: TargetConfig = TargetConfig()
     export: ExportSettings = ExportSettings()
 
-    @model_validator(mode="before")
-    @classmethod
-    def _chain_from_sections(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or "chain" in data:
-            return data
-        data = dict(data)
-        name = data.pop("method", None)
-        if not isinstance(name, str):
-            raise PipelineError("invalid recipe: method: give the method or chain as a string, e.g. distill+smp")
-        sections = data.pop("config", None) or {}
-        if not isinstance(sections, dict):
-            raise PipelineError(f"invalid {name} config: give a mapping of settings, not {type(sections).__name__}")
-        methods = parse_chain(name)
-        unknown = sorted(set(sections) - {m.name for m in methods})
+    _chain: tuple[MethodConfig, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="after")
+    def _typed_chain(self) -> DeployConfig:
+        methods = parse_chain(self.method)
+        unknown = sorted(set(self.config) - {m.name for m in methods})
         if unknown:
             raise PipelineError(
-                f"invalid {name} config: unknown section(s) {', '.join(unknown)}; the config has one section "
+                f"invalid {self.method} config: unknown section(s) {', '.join(unknown)}; the config has one section "
                 f"per method of the chain ({', '.join(m.name for m in methods)})"
             )
-        data["chain"] = tuple(parse(m.config_cls, sections.get(m.name) or {}, f"{m.name} config") for m in methods)
-        return data
-
-    @model_serializer(mode="wrap")
-    def _as_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        if "chain" not in data:  # dumped with include= or exclude= leaving it out
-            return data
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            if key == "chain":  # where the string and the sections stood, in their order
-                out["method"] = self.method
-                out["config"] = self.sections
-            else:
-                out[key] = value
-        return out
+        chain = tuple(parse(m.config_cls, self.config.get(m.name) or {}, f"{m.name} config") for m in methods)
+        object.__setattr__(self, "config", _sections(chain))  # still being built: frozen from here on
+        self._chain = chain
+        return self
 
     @property
-    def method(self) -> str:
-        """The chain's name as the CLI writes it: `smp`, `distill+smp`."""
-        return CHAIN_SEP.join(cfg.name for cfg in self.chain)
-
-    @property
-    def sections(self) -> dict[str, dict[str, Any]]:
-        """Each method's config by name, as plain JSON data with every default filled in (what ran is recorded)."""
-        return {cfg.name: cfg.model_dump(mode="json") for cfg in self.chain}
+    def chain(self) -> tuple[MethodConfig, ...]:
+        """Each method's validated config, in the chain's order."""
+        return self._chain
 
     @property
     def chain_configs(self) -> list[tuple[Method, MethodConfig]]:
@@ -127,5 +105,12 @@ class DeployConfig(FrozenModel):
     def with_chain(self, chain: tuple[MethodConfig, ...] | list[MethodConfig]) -> DeployConfig:
         """This configuration with another chain (the plan's), checked to be one that can run."""
         chain = tuple(chain)
-        parse_chain(CHAIN_SEP.join(cfg.name for cfg in chain))
-        return self.model_copy(update={"chain": chain})
+        method = CHAIN_SEP.join(cfg.name for cfg in chain)
+        parse_chain(method)
+        planned = self.model_copy(update={"method": method, "config": _sections(chain)})
+        planned._chain = chain
+        return planned
+
+
+def _sections(chain: tuple[MethodConfig, ...]) -> dict[str, dict[str, Any]]:
+    return {cfg.name: cfg.model_dump(mode="json") for cfg in chain}

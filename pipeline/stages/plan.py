@@ -282,7 +282,7 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, D
         "planned_at": round(aim, 4),
         "shape": shape.as_dict(),
         "method": planned.method,
-        "config": planned.sections,
+        "config": planned.config,
         "table": {
             "dense_fp32_ms": table.dense_fp32_ms,
             "fixed_ms": table.fixed_ms,
