@@ -42,7 +42,7 @@ def _assert_predictions(response, session, texts) -> None:
 
 
 # -- bounded tokenisation equals full tokenisation -------------------------------------------------------------
-KINDS = ["bert", "bert-plain", "roberta", "roberta-plain", "xlmr", "xlmr-plain"]
+TOKENIZERS = ["bert", "bert-plain", "roberta", "roberta-plain", "xlmr", "xlmr-plain"]
 
 
 def _whitespace_sentences() -> list[str]:
@@ -83,19 +83,19 @@ def family() -> dict:
         ),
     }
     out = {}
-    for kind, tok in plain.items():
-        out[f"{kind}-plain"] = tok
-        out[kind] = Tokenizer.from_str(tok.to_str())
-        out[kind].post_processor = processors[kind]
+    for name, tok in plain.items():
+        out[f"{name}-plain"] = tok
+        out[name] = Tokenizer.from_str(tok.to_str())
+        out[name].post_processor = processors[name]
     return out
 
 
 @functools.cache
-def truncating(kind: str, max_length: int):
-    """A copy of family()[kind] that truncates to `max_length`, as ArtifactSession sets its tokenizer up."""
+def truncating(name: str, max_length: int):
+    """A copy of family()[name] that truncates to `max_length`, as ArtifactSession sets its tokenizer up."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(family()[kind].to_str())
+    tok = Tokenizer.from_str(family()[name].to_str())
     tok.enable_truncation(max_length)
     return tok
 
@@ -131,26 +131,26 @@ def _same(got, want) -> None:
 
 @PROPERTY
 @given(
-    kind=st.sampled_from(KINDS),
+    tokenizer=st.sampled_from(TOKENIZERS),
     max_length=st.sampled_from([2, 3, 5, 8, 9, 16, 128]),
     first_chars=st.sampled_from([None, 1, 8, 40]),
     batch=items,
 )
 # A cut after a character that some normaliser maps to a space, or inside a run of whitespace that byte-level BPE
 # merges, would change the prefix's last token:
-@example(kind="xlmr-plain", max_length=2, first_chars=1, batch=["the\u200b the the"])  # NMT: U+200B is a space
-@example(kind="xlmr-plain", max_length=2, first_chars=1, batch=["the\ufffd the the"])
-@example(kind="xlmr-plain", max_length=2, first_chars=1, batch=["the\u2581 the the"])
-@example(kind="xlmr-plain", max_length=2, first_chars=1, batch=["the\xa0 the the"])
-@example(kind="roberta-plain", max_length=2, first_chars=1, batch=["the\n  the the"])
-@example(kind="bert", max_length=8, first_chars=1, batch=[(PROSE[:900], PROSE[50:900])])  # both long, odd budget
-@example(kind="bert", max_length=8, first_chars=1, batch=[(PROSE[50:900], PROSE[:900])])
-@example(kind="xlmr", max_length=9, first_chars=8, batch=[(PROSE[:700], PROSE[:700])])  # a tie: the second side
-@example(kind="roberta", max_length=5, first_chars=1, batch=["ab" + "\u200b " * 300 + "cd " * 20])  # no cut to use
-def test_bounded_tokenisation_equals_full_tokenisation(kind, max_length, first_chars, batch):
+@example(tokenizer="xlmr-plain", max_length=2, first_chars=1, batch=["the\u200b the the"])  # NMT: U+200B is a space
+@example(tokenizer="xlmr-plain", max_length=2, first_chars=1, batch=["the\ufffd the the"])
+@example(tokenizer="xlmr-plain", max_length=2, first_chars=1, batch=["the\u2581 the the"])
+@example(tokenizer="xlmr-plain", max_length=2, first_chars=1, batch=["the\xa0 the the"])
+@example(tokenizer="roberta-plain", max_length=2, first_chars=1, batch=["the\n  the the"])
+@example(tokenizer="bert", max_length=8, first_chars=1, batch=[(PROSE[:900], PROSE[50:900])])  # both long, odd budget
+@example(tokenizer="bert", max_length=8, first_chars=1, batch=[(PROSE[50:900], PROSE[:900])])
+@example(tokenizer="xlmr", max_length=9, first_chars=8, batch=[(PROSE[:700], PROSE[:700])])  # a tie: the second side
+@example(tokenizer="roberta", max_length=5, first_chars=1, batch=["ab" + "\u200b " * 300 + "cd " * 20])  # no cut
+def test_bounded_tokenisation_equals_full_tokenisation(tokenizer, max_length, first_chars, batch):
     from serving.bounded import BoundedTokenizer
 
-    tok = truncating(kind, max_length)
+    tok = truncating(tokenizer, max_length)
     bounded = BoundedTokenizer(tok, first_chars=first_chars)
     specials = tok.post_processor.num_special_tokens_to_add(True) if tok.post_processor else 0
     assert bounded.bounded == (max_length > specials)  # else the tokenizer returns specials alone, or fails
