@@ -10,8 +10,9 @@ checkout to measure (it imports the code of the current folder). To compare code
 second run a copy of the first run's cache holding only its teachers and latency tables (`--keep-from`), so both
 compress from the same teacher on the same plan, and run both with one thread (training is then bit-reproducible).
 
-`compare` prints every difference between the two folders' report.json files after dropping what differs from run
-to run by nature (timings, speeds, paths, pids, cache hits) and exits 1 when there is any.
+`compare` prints every difference between the two folders' report.json files (and the configs their manifests
+record) after dropping what differs from run to run by nature (timings, speeds, paths, pids, cache hits, the
+artifact's timestamped name) and exits 1 when there is any.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ DEPLOYS = {
     "qa": ["--method", "distill", "--task", "squad", "--data-dir", str(DATA / "squad"), "--model", "{tiny}",
            "--set", "config.student.layers=1", "--set", "config.transfer_steps=2", *TINY],
 }  # fmt: skip
-VOLATILE = {"speed", "timings", "path", "ran_on", "cached", "pid", "source", "base_model", "hit"}
+# what differs between two runs of the same code: timings and speeds, paths, pids, what the cache did, and the artifact's
+# name (its suffix hashes the config with the time it was made)
+VOLATILE = {"speed", "timings", "path", "ran_on", "cached", "cache", "pid", "source", "base_model", "hit", "artifact"}
 VOLATILE_SUFFIXES = ("seconds", "_s", "_ms")
 
 
@@ -111,7 +114,9 @@ def differences(a, b, where: str = "") -> list[str]:
 def reports(out: Path) -> dict[str, dict]:
     found = {}
     for path in sorted(out.glob("*/*/report.json")):
-        found[path.parent.parent.name] = {"artifact": path.parent.name, **json.loads(path.read_text())}
+        manifest = json.loads((path.parent / "manifest.json").read_text())
+        found[path.parent.parent.name] = {"artifact": path.parent.name, **json.loads(path.read_text()),
+                                          "config (manifest)": manifest["config"]}  # fmt: skip
     return found
 
 
@@ -124,7 +129,10 @@ def compare(before: Path, after: Path) -> int:
             bad += 1
             continue
         found = differences(stable(a[name]), stable(b[name]))
-        print(f"{name}: {'equal' if not found else f'{len(found)} difference(s)'} ({a[name]['artifact']})")
+        print(
+            f"{name}: {'equal' if not found else f'{len(found)} difference(s)'} ({a[name]['artifact']} and "
+            f"{b[name]['artifact']})"
+        )
         for line in found:
             print("   ", line)
         bad += bool(found)
