@@ -41,8 +41,8 @@ DEPLOYS = {
     "qa": ["--method", "distill", "--task", "squad", "--data-dir", str(DATA / "squad"), "--model", "{tiny}",
            "--set", "config.student.layers=1", "--set", "config.transfer_steps=2", *TINY],
 }  # fmt: skip
-# what differs between two runs of the same code: timings and speeds, paths, pids, what the cache did, and the artifact's
-# name (its suffix hashes the config with the time it was made)
+# what differs between two runs of the same code: timings and speeds, paths, pids, what the cache did, and the
+# artifact's name (its suffix hashes the config with the time it was made)
 VOLATILE = {"speed", "timings", "path", "ran_on", "cached", "cache", "pid", "source", "base_model", "hit", "artifact"}
 VOLATILE_SUFFIXES = ("seconds", "_s", "_ms")
 
