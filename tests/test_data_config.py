@@ -1,6 +1,7 @@
 """Tasks, data sources, recipes and the method registry."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -289,8 +290,9 @@ def test_a_sentence_validation_split_shares_no_phrase_with_train():
 def test_the_sentence_unit_is_recorded_refused_for_pairs_and_unsaid_at_its_default(tmp_path):
     from pipeline.config.schema import DataLimits
 
-    assert "validation_unit" not in DataLimits().model_dump()  # cached stages keep their keys
+    assert "validation_unit" not in DataLimits().model_dump()  # `auto`: cached stages keep their keys
     assert DataLimits(validation_unit="sentence").model_dump()["validation_unit"] == "sentence"
+    assert DataLimits(validation_unit="example").model_dump()["validation_unit"] == "example"
     data = load_task_data("sst2", source="sample", validation=DataLimits(validation_unit="sentence").validation)
     assert data.describe()["validation_split"]["unit"] == "sentence"
     assert data.describe()["validation_split"]["dropped_from_train"] == data.dropped_from_train
@@ -310,11 +312,42 @@ def test_the_data_stage_measures_and_warns_of_a_validation_split_inside_train(tm
             for k in range(40) for i, j in ((0, 12), (2, 8), (4, 7))]  # fmt: skip
     _write(tmp_path / "train.tsv", ["sentence", "label"], rows)
     _write(tmp_path / "dev.tsv", ["sentence", "label"], [("a new sentence", "1")])
-    with caplog.at_level("WARNING", logger="pipeline.stages.data"):
-        phrases = data_stage(DataRef(get_task("sst2"), "tsv", str(tmp_path)))
-    assert phrases["validation_split"]["inside_train"] > 0.2 and "data.validation_unit=sentence" in caplog.text
+    with caplog.at_level("WARNING", logger="pipeline.stages.data"):  # a random slice, asked for: measured, warned
+        phrases = data_stage(DataRef(get_task("sst2"), "tsv", str(tmp_path), validation=(30, 0.25, 0, "example")))
+    assert phrases["validation_split"]["inside_train"] > 0.2 and "holds out whole sentences" in caplog.text
     held_out = DataRef(get_task("sst2"), "tsv", str(tmp_path), validation=(30, 0.25, 0, "sentence"))
     assert "inside_train" not in data_stage(held_out)["validation_split"]
+
+
+def test_validation_holds_out_whole_sentences_by_default_where_a_random_slice_leaks(tmp_path, caplog):
+    """`auto` (the default): a training set of phrases of its sentences is carved by whole sentences, and says so;
+    data that does not leak is carved by example, exactly as before (the same split, so the same cache keys)."""
+    from pipeline.config.schema import DataLimits
+    from pipeline.data.loaders import DataRef
+    from pipeline.stages.data import run as data_stage
+
+    words = ["the", "film", "is", "warm", "and", "odd", "and", "long", "but", "never", "dull", "for", "once"]
+    rows = [(" ".join([str(k), *words[i:j]]) if j == 12 else " ".join(words[i:j]), str(k % 2))
+            for k in range(40) for i, j in ((0, 12), (2, 8), (4, 7))]  # fmt: skip
+    _write(tmp_path / "train.tsv", ["sentence", "label"], rows)
+    _write(tmp_path / "dev.tsv", ["sentence", "label"], [("a new sentence", "1")])
+    default = DataLimits().validation
+    assert default[-1] == "auto"
+    leaking = load_task_data("sst2", tmp_path, source="tsv", validation=default)
+    sentences = load_task_data("sst2", tmp_path, source="tsv", validation=(*default[:3], "sentence"))
+    assert leaking.validation_unit == "sentence" and leaking.random_slice_inside > 0.2
+    assert leaking.validation == sentences.validation and leaking.dropped_from_train == sentences.dropped_from_train
+    assert leaking.describe()["validation_split"]["chosen"].startswith("auto: ")
+    with caplog.at_level("INFO", logger="pipeline.stages.data"):
+        data_stage(DataRef(get_task("sst2"), "tsv", str(tmp_path)))
+    assert "validation holds out whole sentences (data.validation_unit auto)" in caplog.text
+    clean = load_task_data("sst2", source="sample", validation=default)
+    example = load_task_data("sst2", source="sample", validation=(*default[:3], "example"))
+    assert clean.validation_unit == "example" and clean.random_slice_inside is None
+    assert clean.fingerprint == example.fingerprint and clean.describe() == example.describe()
+    pairs = load_task_data("rte", Path(__file__).resolve().parents[2] / "shared" / "data" / "rte", source="tsv",
+                           max_train=200, validation=default)  # fmt: skip
+    assert pairs.validation_unit == "example"  # pairs cannot leak so: carved by example
 
 
 @pytest.mark.parametrize("method", ["smp", "distill+smp"])

@@ -251,9 +251,11 @@ class DataLimits(KeyStableModel):
             the source's train file (but at least min(250, a quarter of train), so a gate has resolution), drawn
             with `validation_seed` before `max_train` applies. Every choice a run makes (gates, checkpoints,
             recipe tuning) uses it; dev is only reported.
-        validation_unit: `example` (a random slice) or `sentence` (single-text tasks whose train set holds phrases
+        validation_unit: `example` (a random slice), `sentence` (single-text tasks whose train set holds phrases
             of its sentences, as SST-2's does: validation draws only texts that occur inside no other training
-            text, and the training texts inside a drawn one leave train; `pipeline.data.phrases`).
+            text, and the training texts inside a drawn one leave train; `pipeline.data.phrases`), or `auto` (the
+            default): `sentence` where more than `LEAK_WARNING` of a random slice's texts sit inside training texts
+            (SST-2: 0.86), else `example`.
         max_train: a seeded random subset of the rest of train.
         max_dev: the first N of dev.
     """
@@ -261,11 +263,13 @@ class DataLimits(KeyStableModel):
     validation_size: int = Field(2000, ge=1)
     validation_fraction: float = Field(0.1, gt=0, lt=1)
     validation_seed: int = 0
-    validation_unit: Literal["example", "sentence"] = "example"
+    validation_unit: Literal["auto", "example", "sentence"] = "auto"
     max_train: int | None = Field(None, ge=1)
     max_dev: int | None = Field(None, ge=1)
 
-    newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "example"}
+    # `auto` left unsaid: data that does not leak resolves it to `example`, the old default, whose configs said
+    # nothing either, so their cached stages keep their keys; leaking data gets another split, so another key
+    newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "auto"}
 
     @property
     def validation(self) -> tuple[int, float, int, str]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config.schema import DataLimits
-from pipeline.data.phrases import whole_sentences
+from pipeline.data.phrases import LEAK_WARNING, share_inside, whole_sentences
 from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 from pipeline.kinds import kind_of
@@ -60,8 +60,9 @@ class TaskData:
     dev: AnySplit
     source: str  # human-readable: where the examples came from
     validation_seed: int = 0
-    validation_unit: str = "example"
+    validation_unit: str = "example"  # as carved: `example` or `sentence` (`auto` resolved)
     dropped_from_train: int = 0  # training texts inside a validation sentence (`validation_unit` sentence)
+    random_slice_inside: float | None = None  # `auto` chose sentences: the share of a random slice inside train
 
     @property
     def fingerprint(self) -> str:
@@ -78,6 +79,8 @@ class TaskData:
         unit = {} if self.validation_unit == "example" else {
             "unit": self.validation_unit, "dropped_from_train": self.dropped_from_train
         }  # fmt: skip
+        if self.random_slice_inside is not None:
+            unit["chosen"] = f"auto: {self.random_slice_inside:.2f} of a random slice sat inside training texts"
         return {
             "source": self.source,
             "train": len(self.train),
@@ -159,9 +162,23 @@ def load_task_data(
             "pass --data-dir for real data)"
         )
     size, fraction, seed, unit = validation
+    inside = None
+    if unit == "auto":
+        unit, inside = resolve_unit(train, size, fraction, seed)
     train, val, dropped = carve_validation(train, size, fraction, seed, unit)
     train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
-    return TaskData(spec, train, val, dev, label, seed, unit, dropped)
+    return TaskData(spec, train, val, dev, label, seed, unit, dropped, inside)
+
+
+def resolve_unit(train: AnySplit, size: int, fraction: float, seed: int) -> tuple[str, float | None]:
+    """`auto`'s unit for `train`: ("sentence", the share) when more than `LEAK_WARNING` of a random slice's texts
+    occur inside training texts (phrases of the same sentences, as SST-2's train set holds), else ("example",
+    None). Only single-text tasks can leak so; the rest are carved by example."""
+    if single_texts(train) is None:
+        return "example", None
+    kept, val, _ = carve_validation(train, size, fraction, seed, "example")
+    inside = share_inside(single_texts(val), single_texts(kept))
+    return ("sentence", inside) if inside > LEAK_WARNING else ("example", None)
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:

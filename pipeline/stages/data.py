@@ -5,11 +5,9 @@ from __future__ import annotations
 import logging
 
 from pipeline.data.loaders import DataRef, single_texts
-from pipeline.data.phrases import share_inside
+from pipeline.data.phrases import LEAK_WARNING, share_inside
 
 log = logging.getLogger(__name__)
-
-LEAK_WARNING = 0.2  # SST-2's random slice: 0.86; independent sentences: about 0
 
 
 def run(ref: DataRef) -> dict:
@@ -23,6 +21,13 @@ def run(ref: DataRef) -> dict:
         len(data.dev),
     )
     description = data.describe()
+    if data.random_slice_inside is not None:
+        log.info(
+            "data: validation holds out whole sentences (data.validation_unit auto): %.0f%% of a random slice's texts "
+            "sat inside training texts; %d training phrases of them left train",
+            100 * data.random_slice_inside,
+            data.dropped_from_train,
+        )
     train = single_texts(data.train)
     if data.validation_unit == "example" and train is not None:
         share = share_inside(single_texts(data.validation), train)
@@ -30,8 +35,8 @@ def run(ref: DataRef) -> dict:
         if share > LEAK_WARNING:
             log.warning(
                 "data: %.0f%% of the validation texts occur inside training texts (phrases of the same sentences): "
-                "validation will flatter models that memorise; --set data.validation_unit=sentence holds out "
-                "whole sentences",
+                "validation will flatter models that memorise; data.validation_unit sentence (or auto, the "
+                "default) holds out whole sentences",
                 100 * share,
             )
     return description
