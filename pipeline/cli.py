@@ -104,7 +104,10 @@ def _prefect_defaults() -> None:
 
 @app.command()
 def deploy(
-    method: Annotated[str, typer.Option(help="Compression method (see `pipeline methods`).")],
+    method: Annotated[
+        str | None,
+        typer.Option(help="Compression method (see `pipeline methods`); with --target-speedup, default distill+smp."),
+    ] = None,
     task: Annotated[str | None, typer.Option(help="A built-in task (see `pipeline tasks`).")] = None,
     task_file: Annotated[
         str | None,
@@ -187,8 +190,12 @@ def _request(
 ):
     """The checked DeployRequest for `deploy`'s options (shortcut options become recipe overrides)."""
     from pipeline.config.recipes import shortcut_overrides, stage_keys
+    from pipeline.errors import PipelineError
     from pipeline.request import prepare_request
 
+    if method is None and target_speedup is None:
+        raise PipelineError("give --method (see `pipeline methods`), or --target-speedup X (which runs distill+smp)")
+    method = method or TARGET_CHAIN
     # `--steps` is every trained stage's budget: a chain has one train section per method
     method_steps = dict.fromkeys(stage_keys(method, "train.max_steps"), steps)
     overrides = shortcut_overrides(set_, {
@@ -196,6 +203,9 @@ def _request(
         "data.max_dev": max_dev, "bench.max_runs": bench_runs, "target.speedup": target_speedup,
     })  # fmt: skip
     return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)
+
+
+TARGET_CHAIN = "distill+smp"  # what --target-speedup runs without --method: the chain every target here was measured on
 
 
 def with_deploy_options(fn):

@@ -6,6 +6,7 @@ This is the layer between the CLI (or a flow's caller) and the stages: it resolv
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -27,10 +28,13 @@ from pipeline.data.corpus import read_corpus
 from pipeline.data.loaders import DataRef, resolve_source
 from pipeline.data.tasks import SEQUENCE, TaskSpec, get_task, load_task_file, task_spec
 from pipeline.errors import PipelineError
+from pipeline.kinds import kind_of
 from pipeline.models.families import family_for
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_new_folder, check_writable_dir
 from serving.artifact import ArtifactError, check_signing_key
+
+log = logging.getLogger(__name__)
 
 
 def check_devices(devices: dict[str, str]) -> None:
@@ -56,17 +60,30 @@ def build_deploy_config(
     custom_task: CustomTask | None = None,
 ) -> DeployConfig:
     """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config;
-    `custom_task` is a user's task (its name is `task`), else `task` is a built-in one."""
+    `custom_task` is a user's task (its name is `task`), else `task` is a built-in one. A speed target with no recipe
+    named runs with the one its task kind measured best at that speed (`Kind.target_recipes`), where the chain
+    ships it; the config records which (`chosen_recipe`)."""
     chain = parse_chain(method)
     kind = custom_task.kind if custom_task is not None else get_task(task).kind
     trained = tuple(m.name for m in chain if "train" in m.config_cls.model_fields)
-    data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind, trained=trained)
-    if custom_task is not None:
-        data["custom_task"] = custom_task.model_dump()
-    cfg = parse(DeployConfig, data, "recipe")  # each method's section parsed here, once, into its config class
-    if cfg.target.speedup is not None:
-        check_target_chain(cfg)
-    return cfg
+
+    def config(recipe: str | Path | None, **extra: str) -> DeployConfig:
+        data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind,
+                           trained=trained)  # fmt: skip
+        if custom_task is not None:
+            data["custom_task"] = custom_task.model_dump()
+        return parse(DeployConfig, {**data, **extra}, "recipe")  # each method's section parsed once, here
+
+    cfg = config(recipe)
+    if cfg.target.speedup is None:
+        return cfg
+    check_target_chain(cfg)
+    chosen = kind_of(kind).target_recipe(cfg.target.speedup) if recipe is None else None
+    if chosen is None or not resolve_recipe(method, chosen).is_file():
+        return cfg
+    log.info("--target-speedup %g for %s: recipe %s, the one measured best from there (--recipe names another)",
+             cfg.target.speedup, kind, chosen)  # fmt: skip
+    return config(chosen, chosen_recipe=chosen)
 
 
 def check_lengths(config: DeployConfig, chain: list, model_cfg: dict) -> None:

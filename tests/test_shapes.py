@@ -454,3 +454,41 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
     check_hidden_options(build_deploy_config("distill+smp", "sst2", overrides=ok), config)
     derived = ["target.speedup=2", "target.hidden=[16]"]  # unset: derived for each width
     check_hidden_options(build_deploy_config("distill+smp", "sst2", overrides=derived), config)
+
+
+@pytest.mark.parametrize(
+    ("task", "speedup", "recipe", "chosen"),
+    [
+        ("sst2", 4, None, None),  # below 6x: the chain's default
+        ("sst2", 6, None, "layerwise"),  # sentence tasks from 6x
+        ("rte", 10, None, "layerwise"),
+        ("sst2", 8, "long", None),  # a named recipe wins
+        ("conll2003", 4, None, "conll2003"),  # token tasks
+        ("squad", 4, None, None),  # question answering: its own per-task recipe, nothing measured better yet
+    ],
+)
+def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):
+    """`--target-speedup X` with no `--recipe` runs the recipe its task kind measured best from X
+    (`Kind.target_recipes`), and the config records the choice; a named recipe always wins."""
+    cfg = build_deploy_config("distill+smp", task, recipe, [f"target.speedup={speedup}"])
+    assert cfg.chosen_recipe == chosen
+    expected = build_deploy_config("distill+smp", task, chosen or recipe, [f"target.speedup={speedup}"])
+    assert cfg.chain == expected.chain and cfg.data == expected.data  # the chosen recipe's settings, whole
+    assert ("chosen_recipe" in cfg.model_dump()) == (chosen is not None)  # unsaid when none was chosen: old keys
+    if chosen is None:
+        assert "chosen_recipe" not in build_deploy_config("distill+smp", task).model_dump()
+
+
+def test_a_target_alone_runs_distill_then_smp(tmp_path):
+    """`--method` may be left out with a target (the chain every target here was measured on); without either the
+    command says what to give, in one line."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import TARGET_CHAIN, _request, app
+
+    request = _request(None, "sst2", set_=None, teacher_steps=None, steps=None, max_train=None, max_dev=None,
+                       bench_runs=None, target_speedup=8.0, output=str(tmp_path / "out"),
+                       cache_dir=str(tmp_path))  # fmt: skip
+    assert request.config.method == TARGET_CHAIN == "distill+smp" and request.config.chosen_recipe == "layerwise"
+    result = CliRunner().invoke(app, ["deploy", "--task", "sst2", "--output", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "give --method (see `pipeline methods`), or --target-speedup X" in result.output

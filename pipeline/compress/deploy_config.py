@@ -9,7 +9,7 @@ and Prefect parameters (validated against the schema) read back.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -20,8 +20,8 @@ from pipeline.config.schema import (
     CustomTask,
     DataLimits,
     ExportSettings,
-    FrozenModel,
     Gates,
+    KeyStableModel,
     MethodConfig,
     TargetConfig,
     TrainConfig,
@@ -30,7 +30,7 @@ from pipeline.config.schema import (
 from pipeline.errors import PipelineError
 
 
-class DeployConfig(FrozenModel):
+class DeployConfig(KeyStableModel):
     """Everything one deploy run needs, after recipe + CLI overrides.
 
     `method` names the chain (`smp`, `distill+smp`) and `config` holds one section per method (`config.<method>`);
@@ -49,7 +49,11 @@ class DeployConfig(FrozenModel):
     gates: Gates = Gates()
     target: TargetConfig = TargetConfig()
     export: ExportSettings = ExportSettings()
+    chosen_recipe: str | None = (
+        None  # the packaged recipe a speed target chose (`Kind.target_recipes`); unsaid if none
+    )
 
+    newer_defaults: ClassVar[dict[str, Any]] = {"chosen_recipe": None}
     _chain: tuple[MethodConfig, ...] = PrivateAttr(default=())
 
     @model_validator(mode="after")

@@ -72,6 +72,9 @@ class Kind:
     hub_name: ClassVar[str]  # the model card's task name
     example: ClassVar[str]  # the model card's example call of transformers' pipeline
     pipeline_options: ClassVar[str] = ""  # what that call adds to `pipeline(...)`
+    # the packaged recipe a speed target of at least X runs with when none is named: (X, recipe), ascending; what the
+    # notebook measured best for the kind (docs/results.md)
+    target_recipes: ClassVar[tuple[tuple[float, str], ...]] = ()
 
     # -- the task ------------------------------------------------------------------------------------------------
 
@@ -80,6 +83,10 @@ class Kind:
 
     def check_labels(self, labels: list[str]) -> None:
         """Raise ValueError when `labels` cannot be this kind's label set."""
+
+    def target_recipe(self, speedup: float) -> str | None:
+        """The recipe a `--target-speedup` of `speedup` runs with when none is named (None: the chain's default)."""
+        return next((recipe for least, recipe in reversed(self.target_recipes) if speedup >= least), None)
 
     def num_labels(self, spec: Spec) -> int:
         """Classes of the model's head."""

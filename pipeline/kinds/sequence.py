@@ -62,6 +62,9 @@ class SequenceClassification(Kind):
     folder_name = "GLUE TSV"
     hub_name = "Text Classification"
     example = 'classify("a warm, funny film")'
+    # from 6x: layer-wise KD, augmented sentences, longer training (6x within 1.0 on SST-2 dev where the default
+    # lost 4 to 7 points on validation at 8x)
+    target_recipes = ((6.0, "layerwise"),)
 
     def check_task_file(self, task: Any) -> None:
         if not task.text_columns:

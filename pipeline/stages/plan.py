@@ -279,6 +279,7 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, D
     )
     plan = {
         "target_speedup": config.target.speedup,
+        **({"recipe": config.chosen_recipe} if config.chosen_recipe else {}),  # chosen by the target (its kind's)
         "planned_at": round(aim, 4),
         "shape": shape.as_dict(),
         "method": planned.method,
