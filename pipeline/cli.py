@@ -205,7 +205,8 @@ def _request(
     return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)
 
 
-TARGET_CHAIN = "distill+smp"  # what --target-speedup runs without --method: the chain every target here was measured on
+# what --target-speedup runs without --method: the chain every target here was measured on
+TARGET_CHAIN = "distill+smp"
 
 
 def with_deploy_options(fn):
