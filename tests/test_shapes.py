@@ -137,7 +137,8 @@ def test_an_unreachable_target_is_one_line():
 
 def test_a_target_out_of_reach_at_the_depth_floor_names_the_floor(tmp_path, monkeypatch):
     """A target that only students shallower than `target.min_depth` could meet (MPNet at 20x with `layerwise`'s
-    half of the teacher's layers) says which setting holds the depth up; without a floor, only the reach."""
+    half of the teacher's layers) says which setting holds the depth up; without a floor, only the reach (the
+    default recipe named: a target this high would choose `layerwise`, which sets a floor)."""
     import dataclasses
 
     import pipeline.stages.plan as plan
@@ -148,18 +149,22 @@ def test_a_target_out_of_reach_at_the_depth_floor_names_the_floor(tmp_path, monk
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 6}))
     reach_at_3 = table.dense_fp32_ms / table.predict_ms(3, 1, 32)
     target = [f"target.speedup={reach_at_3 * 1.2}", "target.headroom=0"]
-    floored = build_deploy_config("distill+smp", "sst2", overrides=[*target, "target.min_depth=0.5"])
+    floored = build_deploy_config("distill+smp", "sst2", "default", overrides=[*target, "target.min_depth=0.5"])
     with pytest.raises(PipelineError, match=r"predicted at .*target\.min_depth 0\.5 and target\.layers keep at "
                        r"least 3 of the teacher's 6 layers") as refused:  # fmt: skip
         plan.run(floored, str(tmp_path), str(tmp_path))
     assert "\n" not in str(refused.value)
-    unfloored, _ = plan.run(build_deploy_config("distill+smp", "sst2", overrides=target), str(tmp_path), str(tmp_path))
+    unfloored, _ = plan.run(
+        build_deploy_config("distill+smp", "sst2", "default", overrides=target), str(tmp_path), str(tmp_path)
+    )
     assert unfloored["shape"]["layers"] < 3
     out_of_reach = [f"target.speedup={table.dense_fp32_ms / table.predict_ms(1, 1, 32) * 1.2}", "target.headroom=0"]
     with pytest.raises(PipelineError, match=r"predicted at [0-9.]+x on this machine$"):  # no floor to name
-        plan.run(build_deploy_config("distill+smp", "sst2", overrides=out_of_reach), str(tmp_path), str(tmp_path))
+        plan.run(
+            build_deploy_config("distill+smp", "sst2", "default", overrides=out_of_reach), str(tmp_path), str(tmp_path)
+        )
     with pytest.raises(PipelineError, match=r"predicted at [0-9.]+x on this machine$"):  # pruning keeps every layer
-        plan.run(build_deploy_config("smp", "sst2", overrides=target), str(tmp_path), str(tmp_path))
+        plan.run(build_deploy_config("smp", "sst2", "default", overrides=target), str(tmp_path), str(tmp_path))
 
 
 def test_token_tasks_keep_two_thirds_of_the_teachers_depth(tmp_path):
