@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Tokenizer
 
 from serving.artifact import (
     CONFIG,
@@ -27,7 +28,6 @@ from serving.artifact import (
 from serving.artifact import verify as verify_artifact
 from serving.bounded import BoundedTokenizer
 from serving.kinds import served_kind
-from serving.kinds.question_answering import QuestionWindow
 from serving.spans import MAX_ANSWER_LEN
 from serving.validation import Text
 
@@ -114,17 +114,16 @@ class ArtifactSession:
         """
         return self.served.encode(self, items)
 
-    @staticmethod
-    def tokens(item: Encoding | QuestionWindow) -> int:
+    def tokens(self, item: Any) -> int:
         """An encoded item's length in tokens (what it costs a model call once padded)."""
-        return len(_encoding(item).ids)
+        return len(self.served.encoding(item).ids)
 
     def run(self, encoded: list) -> np.ndarray:
         """The graph's outputs, one row per encoded item (of one or more `encode` calls), padded to the longest:
         class logits [n, labels] for sequence classification; for the other kinds an object array of each item's
         rows without the padding (token classification: logits [tokens, labels]; question answering: a
         (start logits, end logits) pair over the window's tokens)."""
-        encodings = [_encoding(e) for e in encoded]
+        encodings = [self.served.encoding(e) for e in encoded]
         width = max(1, max((len(e.ids) for e in encodings), default=0))
         ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
         mask, types = np.zeros_like(ids), np.zeros_like(ids)
@@ -154,10 +153,6 @@ class ArtifactSession:
         """`answer` of `items`, tokenised and run here."""
         encoded = self.encode(items)
         return self.answer(items, encoded, self.run(encoded), top_k, max_answer_len)
-
-
-def _encoding(item: Encoding | QuestionWindow) -> Encoding:
-    return item.window.encoding if isinstance(item, QuestionWindow) else item
 
 
 def _labels(config: dict, session: ort.InferenceSession) -> list[str]:

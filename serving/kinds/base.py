@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
+from tokenizers import Encoding
 
 from serving.artifact import ArtifactError
 from serving.validation import INPUT_NAME, PAIR_INPUT_NAME, Limits, PredictRequest
@@ -63,6 +64,10 @@ class ServedKind:
             reads = "sentence pairs" if session.pair else "single texts"
             raise ArtifactError(f"{session.path} reads {reads}: pass {want}")
         return session.encoder.encode_batch(items)
+
+    def encoding(self, item: Any) -> Encoding:
+        """The tokenizer's encoding of one encoded item (what the graph runs)."""
+        return item
 
     def check_encoded(self, encoded: list, config: Any) -> None:
         """Refuse (RequestError) a request whose encoded items pass a limit of the server's `config`."""

@@ -110,6 +110,9 @@ class ServedQuestionAnswering(ServedKind):
                 "question_too_long",
             ) from None
 
+    def encoding(self, item: QuestionWindow) -> Encoding:
+        return item.window.encoding
+
     def check_encoded(self, encoded: list, config: Any) -> None:
         check_windows(len(encoded), config.max_windows)
 
