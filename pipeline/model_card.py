@@ -114,7 +114,7 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     tag, _, ort_class, example = _use(task)
     kind = kind_of(task_kind(task))
     extra = kind.pipeline_options
-    what = kind.card_description(task, "sentence pairs" if task.get("pair") else "single texts")
+    what = kind.card_description(task)
     lines += [
         f"A {task['name']} {what} compressed with "
         f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from pipeline.config.schema import AugmentConfig, TrainConfig
-from pipeline.data.encoding import IGNORED, encode
+from pipeline.data.encoding import encode
 from pipeline.data.loaders import Split, load_task_data
+from pipeline.kinds.base import IGNORED
 from pipeline.train.augment import FREQUENT_KEPT, augmented_split, neighbours, replace_words, with_augmented
 from pipeline.train.losses import output_kd_loss, task_loss
 from tests.helpers import compress_sample, tiny_model, tiny_tokenizer

@@ -329,7 +329,7 @@ def test_a_stop_signal_ends_scoring_and_timing_loops_between_batches(armed, tmp_
     deadline ended the process. Every batch of a scoring pass and every round of a timing loop checks the flag."""
     from export import benchmark
     from pipeline.config.schema import BenchSettings
-    from pipeline.data.encoding import Encoded
+    from pipeline.kinds.base import Encoded
     from pipeline.train.metrics import predict_logits
     from pipeline.train.parity import onnx_logits
     from tests.helpers import tiny_artifact, tiny_model

@@ -359,7 +359,8 @@ def test_a_bad_ner_or_qa_task_file_is_one_line(tmp_path, body, needle):
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_a_words_tag_labels_its_first_sub_token_only(family):
-    from pipeline.data.encoding import IGNORED, collate, encode
+    from pipeline.data.encoding import collate, encode
+    from pipeline.kinds.base import IGNORED
     from tests.helpers import tiny_tokenizer
 
     tok = tiny_tokenizer(family)

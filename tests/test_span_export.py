@@ -121,7 +121,7 @@ def test_torch_and_onnx_rows_agree_and_score_what_the_server_would_answer(kind, 
 
 
 def test_example_scores_of_a_sequence_task_are_each_examples_accuracy():
-    from pipeline.data.encoding import Encoded
+    from pipeline.kinds.base import Encoded
     from pipeline.train.metrics import example_scores, scores
 
     enc = Encoded(features=[{"input_ids": [1, 2]}] * 4, labels=[0, 1, 1, 0], pad_id=0)

@@ -38,7 +38,8 @@ def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_d
 
 
 def test_grouping_by_length_keeps_every_example_once_and_pads_less():
-    from pipeline.data.encoding import Encoded, iter_batches
+    from pipeline.data.encoding import iter_batches
+    from pipeline.kinds.base import Encoded
 
     rng = torch.Generator().manual_seed(1)
     lengths = torch.randint(3, 60, (500,), generator=rng).tolist()

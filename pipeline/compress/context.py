@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from pipeline.data.encoding import Encoded
 from pipeline.data.tasks import TaskSpec
+from pipeline.kinds.base import Encoded
 
 
 @dataclass

@@ -49,9 +49,8 @@ class DeployConfig(KeyStableModel):
     gates: Gates = Gates()
     target: TargetConfig = TargetConfig()
     export: ExportSettings = ExportSettings()
-    chosen_recipe: str | None = (
-        None  # the packaged recipe a speed target chose (`Kind.target_recipes`); unsaid if none
-    )
+    # the packaged recipe a speed target chose (`Kind.target_recipes`); unsaid if none
+    chosen_recipe: str | None = None
 
     newer_defaults: ClassVar[dict[str, Any]] = {"chosen_recipe": None}
     _chain: tuple[MethodConfig, ...] = PrivateAttr(default=())

@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from serving.artifact import SEQUENCE
+
 IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 
 
@@ -42,7 +44,7 @@ class Encoded:
     features: list[dict[str, list[int]]]
     labels: list
     pad_id: int
-    kind: str = "sequence-classification"
+    kind: str = SEQUENCE
     source: Any = None
     samples: list[int] | None = None
     windows: list | None = None
@@ -100,8 +102,8 @@ class Kind:
         """What a request of this kind carries, in `pipeline tasks`' words."""
         raise NotImplementedError
 
-    def card_description(self, task: dict, reads: str) -> str:
-        """The model card's name for the model of a task block (`reads`: what it reads)."""
+    def card_description(self, task: dict) -> str:
+        """The model card's name for the model of a task block."""
         raise NotImplementedError
 
     # -- data files ---------------------------------------------------------------------------------------------

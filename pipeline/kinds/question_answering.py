@@ -55,7 +55,7 @@ class QuestionAnswering(Kind):
     def inputs(self, spec: Spec) -> str:
         return "question and context"
 
-    def card_description(self, task: dict, reads: str) -> str:
+    def card_description(self, task: dict) -> str:
         return "extractive question-answering model"
 
     def read(self, spec: Spec, path: Path) -> QASplit:

@@ -87,7 +87,8 @@ class SequenceClassification(Kind):
     def inputs(self, spec: Spec) -> str:
         return "sentence pairs" if self.is_pair(spec) else "single sentence"
 
-    def card_description(self, task: dict, reads: str) -> str:
+    def card_description(self, task: dict) -> str:
+        reads = "sentence pairs" if task.get("pair") else "single texts"
         return f"classifier ({', '.join(task['labels'])}; {reads})"
 
     def read(self, spec: Spec, path: Path) -> Split:

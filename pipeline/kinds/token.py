@@ -45,7 +45,7 @@ class TokenClassification(Kind):
     def inputs(self, spec: Spec) -> str:
         return "words"
 
-    def card_description(self, task: dict, reads: str) -> str:
+    def card_description(self, task: dict) -> str:
         return f"token classifier ({', '.join(task['labels'])})"
 
     def read(self, spec: Spec, path: Path) -> TaggedSplit:

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from pipeline.config.schema import AugmentConfig
-from pipeline.data.encoding import IGNORED, Encoded, encode
+from pipeline.data.encoding import encode
 from pipeline.data.loaders import Split
+from pipeline.kinds.base import IGNORED, Encoded
 
 CHUNK = 2048  # rows of the word-by-word similarity computed at once
 # The most frequent words of the texts are kept as they are and offered to none: they are the function words

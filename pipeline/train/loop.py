@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 
 from pipeline import checkpoints, interrupts
 from pipeline.config.schema import TrainConfig
-from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.data.encoding import iter_batches
 from pipeline.errors import PipelineError
+from pipeline.kinds.base import Encoded
 from pipeline.train.fake_quant import fake_int8
 from pipeline.train.losses import LossFn, classification_loss
 from pipeline.train.metrics import predict_logits, scores

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.config.schema import TrainConfig
-from pipeline.data.encoding import IGNORED
 from pipeline.errors import PipelineError
+from pipeline.kinds.base import IGNORED
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 

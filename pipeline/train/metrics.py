@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from pipeline import interrupts
-from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.data.encoding import iter_batches
 from pipeline.kinds import kind_of
+from pipeline.kinds.base import Encoded
 from pipeline.train.losses import prediction_rows
 
 

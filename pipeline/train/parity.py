@@ -12,7 +12,8 @@ import torch
 
 from export.sessions import make_session
 from pipeline import interrupts
-from pipeline.data.encoding import Encoded, iter_batches
+from pipeline.data.encoding import iter_batches
+from pipeline.kinds.base import Encoded
 from pipeline.train.metrics import join_rows, longest, output_rows
 
 
