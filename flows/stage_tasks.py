@@ -1,5 +1,5 @@
-"""Prefect tasks: each wraps exactly one stage's `run` (`pipeline/stages/`), passing paths and small reports,
-never models.
+"""Prefect tasks: each wraps exactly one stage's `run` (`pipeline/stages/`, by way of the run engine's table),
+passing paths and small reports, never models.
 
 Caching of the expensive stages (teacher, compress) lives in the library's content-addressed cache, keyed by
 the digests of the actual input files: a Prefect input-hash cache would hand back a path after its folder was
@@ -9,16 +9,8 @@ deleted, and hashing models as task inputs costs seconds. So Prefect's own cache
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline.stages import bench, compact, compress, data, export, package, plan, teacher, validate
+from pipeline.run import PLAIN
 
-data = task(data.run, name="data", cache_policy=NO_CACHE)
-teacher = task(teacher.run, name="teacher", cache_policy=NO_CACHE)
-plan = task(plan.run, name="plan", cache_policy=NO_CACHE)
-compress = task(compress.run, name="compress", cache_policy=NO_CACHE)
-compact = task(compact.run, name="compact", cache_policy=NO_CACHE)
-export = task(export.run, name="export", cache_policy=NO_CACHE)
-validate = task(validate.run, name="validate", cache_policy=NO_CACHE)
-bench = task(bench.run, name="bench", cache_policy=NO_CACHE)
-package = task(package.run, name="package", cache_policy=NO_CACHE)
-
-TASKS = {t.name: t for t in (data, teacher, plan, compress, compact, export, validate, bench, package)}  # `Run.stages`
+# each stage's `run` as a Prefect task of the stage's name: the Run's `stages` in a flow
+TASKS = {name: task(run, name=name, cache_policy=NO_CACHE) for name, run in PLAIN.items()}
+compress = TASKS["compress"]  # the sweep submits it to its task runner

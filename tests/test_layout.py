@@ -280,19 +280,21 @@ def test_only_the_artifact_contract_is_imported_from_the_server():
 
 
 def test_the_stages_the_flow_the_commands_and_the_readme_match_one_to_one():
-    """One name per stage: a module with a `run` in pipeline/stages/, a Prefect task, the flow's steps after
-    compress, the `pipeline` stage commands, and a row of the README's stage table, in the same order."""
+    """One name per stage: a module with a `run` in pipeline/stages/, the engine's table and the Prefect task of
+    each, the flow's steps after compress, the `pipeline` stage commands, and a row of the README's stage table, in
+    the same order."""
     import importlib
     import re
 
     from flows import stage_tasks
     from pipeline.cli import app
-    from pipeline.run import STEPS
+    from pipeline.run import PLAIN, STEPS
     from pipeline.stages import OWN_FLOW, STAGES
 
+    assert list(PLAIN) == list(stage_tasks.TASKS) == list(STAGES)  # the engine's table, in the flow's order
     for name in STAGES:
         assert callable(importlib.import_module(f"pipeline.stages.{name}").run), name
-        assert getattr(stage_tasks, name).name == name
+        assert stage_tasks.TASKS[name].name == name
     modules = sorted(p.stem for p in (ROOT / "pipeline" / "stages").glob("*.py") if p.stem != "__init__")
     assert modules == sorted(STAGES + OWN_FLOW)
     by_hand = list(STAGES[STAGES.index("compress") + 1 : STAGES.index("package")])
