@@ -88,12 +88,12 @@ def keep_from(source: Path, cache: Path) -> None:
             shutil.copytree(source / part, cache / part, dirs_exist_ok=True)
 
 
-def stable(value, key: str = ""):
+def stable(value):
     """`value` without what differs between two runs of the same code."""
     if isinstance(value, dict):
-        return {k: stable(v, k) for k, v in value.items() if k not in VOLATILE and not k.endswith(VOLATILE_SUFFIXES)}
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE and not k.endswith(VOLATILE_SUFFIXES)}
     if isinstance(value, list):
-        return [stable(v, key) for v in value]
+        return [stable(v) for v in value]
     return value
 
 

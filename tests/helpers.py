@@ -26,6 +26,7 @@ import torch
 from pipeline.data.loaders import SAMPLE_DIR
 
 VOCAB = 400
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # the real datasets, beside the checkout
 
 
 def sample_sentences(split: str = "dev") -> list[str]:
@@ -391,6 +392,7 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
         return final
     from export.onnx import export_optimized
     from pipeline.data.tasks import SEQUENCE, get_task
+    from pipeline.models.families import family_of
     from pipeline.models.io import auto_class
     from pipeline.stages.package import run as publish
     from pipeline.staging import new_staging, stamp_task
@@ -404,7 +406,8 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
         model = auto_class(spec.kind).from_config(model.config).eval()
     staging = new_staging(base, final.name)
     export_optimized(model, tiny_tokenizer("bert"), staging)
-    stamp_task(staging, {**spec.describe(), "positions": model.config.max_position_embeddings})  # as export does
+    positions = family_of(model).usable_positions(model.config.to_dict())  # what the export stage writes
+    stamp_task(staging, {**spec.describe(), "positions": positions})
     report = {
         "task": task,
         "method": "none",

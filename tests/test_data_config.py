@@ -1,7 +1,6 @@
 """Tasks, data sources, recipes and the method registry."""
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +21,7 @@ from pipeline.data.loaders import Split, carve_validation, load_task_data, resol
 from pipeline.data.tasks import TASKS, get_task
 from pipeline.errors import PipelineError
 from pipeline.request import build_deploy_config
+from tests.helpers import SHARED_DATA
 
 
 def _write(path, header, rows):
@@ -345,8 +345,7 @@ def test_validation_holds_out_whole_sentences_by_default_where_a_random_slice_le
     example = load_task_data("sst2", source="sample", validation=(*default[:3], "example"))
     assert clean.validation_unit == "example" and clean.random_slice_inside is None
     assert clean.fingerprint == example.fingerprint and clean.describe() == example.describe()
-    pairs = load_task_data("rte", Path(__file__).resolve().parents[2] / "shared" / "data" / "rte", source="tsv",
-                           max_train=200, validation=default)  # fmt: skip
+    pairs = load_task_data("rte", SHARED_DATA / "rte", source="tsv", max_train=200, validation=default)
     assert pairs.validation_unit == "example"  # pairs cannot leak so: carved by example
 
 

@@ -2,16 +2,14 @@
 (`serving/kinds/`), each answering for every part of its adapter, and each reads, encodes, runs and scores its
 built-in task's real data through the generic code that asks it."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from pipeline.kinds import KIND_NAMES, KINDS, Kind, kind_of
 from serving.artifact import HEAD_SUFFIXES
 from serving.kinds import SERVED, ServedKind, served_kind
+from tests.helpers import SHARED_DATA
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 TASK_OF_KIND = {"sequence-classification": "sst2", "token-classification": "conll2003", "question-answering": "squad"}
 
 
@@ -61,7 +59,7 @@ def test_each_kind_reads_encodes_runs_and_scores_its_task(name, tmp_path):
     from tests.helpers import tiny_model, tiny_tokenizer
 
     spec = get_task(TASK_OF_KIND[name])
-    data_dir = None if spec.has_sample else DATA / spec.name
+    data_dir = None if spec.has_sample else SHARED_DATA / spec.name
     data = load_task_data(spec, data_dir, max_train=64, max_dev=16)
     assert data.train.kind == name and len(data.dev) == 16
     enc = encode(tiny_tokenizer("bert"), data.dev, 128)

@@ -17,10 +17,10 @@ from pipeline.kinds.entity_metric import entities, entity_scores
 from pipeline.kinds.squad import QASplit, read_qa
 from pipeline.kinds.squad_metric import normalize_answer, squad_scores, token_f1
 from pipeline.kinds.tagged import TaggedSplit, check_tag_set, read_conll, read_tagged_jsonl, to_iob2
+from tests.helpers import SHARED_DATA
 
-SHARED = Path(__file__).parents[2] / "shared" / "data"
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the checkout")
+needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is not beside the checkout")
 
 
 # --- SQuAD v1.1 exact match and F1 ------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def test_entity_scores_equal_seqevals_on_random_and_broken_sequences():
 
 @needs_shared
 def test_entity_scores_equal_seqevals_on_conll_dev():
-    dev = read_conll(SHARED / "conll2003" / "dev.txt", CONLL_TAGS)
+    dev = read_conll(SHARED_DATA / "conll2003" / "dev.txt", CONLL_TAGS)
     gold = [[CONLL_TAGS[t] for t in tags] for tags in dev.tags]
     rng = random.Random(1)
     pred = [[t if rng.random() < 0.9 else rng.choice(CONLL_TAGS) for t in g] for g in gold]
@@ -90,11 +90,11 @@ def test_entity_scores_equal_seqevals_on_conll_dev():
 
 @needs_shared
 def test_conll2003_reads_as_its_readme_counts():
-    train = read_conll(SHARED / "conll2003" / "train.txt", CONLL_TAGS)
+    train = read_conll(SHARED_DATA / "conll2003" / "train.txt", CONLL_TAGS)
     assert len(train) == 14_041 and sum(map(len, train.words)) == 203_621
     found = Counter(kind for tags in train.tags for kind, _, _ in entities([CONLL_TAGS[t] for t in tags]))
     assert found == {"PER": 6_600, "LOC": 7_140, "ORG": 6_321, "MISC": 3_438}
-    dev = read_conll(SHARED / "conll2003" / "dev.txt", CONLL_TAGS)
+    dev = read_conll(SHARED_DATA / "conll2003" / "dev.txt", CONLL_TAGS)
     assert len(dev) == 3_250 and sum(map(len, dev.words)) == 51_362
 
 
@@ -159,7 +159,7 @@ def test_a_tag_set_the_model_cannot_predict_iob2_with_is_refused(tags, needle):
 
 @needs_shared
 def test_the_squad_files_read_as_their_readme_counts():
-    train, dev = read_qa(SHARED / "squad" / "train.json"), read_qa(SHARED / "squad" / "dev.json")
+    train, dev = read_qa(SHARED_DATA / "squad" / "train.json"), read_qa(SHARED_DATA / "squad" / "dev.json")
     assert (len(train), len(dev)) == (4_671, 1_025)
     q = train.questions[0]
     assert q.context[q.answers[0][1] :].startswith(q.answers[0][0])
@@ -225,7 +225,7 @@ def test_a_bad_jsonl_question_names_its_line(tmp_path):
 @needs_shared
 @pytest.mark.parametrize(("task", "split_type"), [("conll2003", TaggedSplit), ("squad", QASplit)])
 def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_from_train(task, split_type):
-    folder = SHARED / task
+    folder = SHARED_DATA / task
     data = load_task_data(task, folder)
     assert isinstance(data.train, split_type) and isinstance(data.dev, split_type)
     total = len(read_qa(folder / "train.json")) if task == "squad" else 14_041
@@ -277,7 +277,7 @@ def test_a_local_hugging_face_dataset_of_a_token_or_qa_task_reads_as_its_files(t
     hf, files = tmp_path / "hf", tmp_path / "files"
     hf.mkdir(), files.mkdir()
     parts = {"train": (spec.train_file, 600), "validation": (spec.dev_file, 200)}
-    splits = {n: read_split(spec, SHARED / task / f).head(k) for n, (f, k) in parts.items()}
+    splits = {n: read_split(spec, SHARED_DATA / task / f).head(k) for n, (f, k) in parts.items()}
     for name, split in splits.items():
         Dataset.from_dict(_hf_rows(split)).to_parquet(str(hf / f"{name}-00000-of-00001.parquet"))
         _write_files(split, files / parts[name][0])
@@ -384,7 +384,7 @@ def test_question_windows_are_labelled_with_their_answers_tokens():
     from tests.helpers import tiny_tokenizer
 
     tok = tiny_tokenizer("bert")
-    questions = read_qa(SHARED / "squad" / "dev.json").head(40)
+    questions = read_qa(SHARED_DATA / "squad" / "dev.json").head(40)
     enc = encode(tok, questions, 96, stride=32)
     pairs = [q.question for q in questions.questions], [q.context for q in questions.questions]
     ref = tok(*pairs, max_length=96, truncation="only_second", stride=32, return_overflowing_tokens=True,

@@ -93,6 +93,10 @@ class ServedKind:
         """The `wanted` v2 outputs as (datatype, shape, flat values), computed only when asked."""
         raise NotImplementedError
 
+    def columns(self, found: list[dict], wanted: tuple[str, ...]) -> dict[str, tuple[str, list[int], list]]:
+        """v2 outputs of one element per answer or entity of `found`."""
+        return {name: (self.outputs[name], [len(found)], [row[name] for row in found]) for name in wanted}
+
     def predict(self, session: Any, req: PredictRequest, encoded: list, rows: np.ndarray) -> list:
         """`/predict`'s answer per item, in the shapes of transformers' pipeline."""
         return session.answer(req.texts, encoded, rows, req.top_k, req.max_answer_len)

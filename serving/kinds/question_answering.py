@@ -138,7 +138,7 @@ class ServedQuestionAnswering(ServedKind):
     def tensors(self, session: Any, items: list, encoded: list, rows: np.ndarray,
                 wanted: tuple[str, ...]) -> dict[str, tuple[str, list[int], list]]:  # fmt: skip
         found = [a[0] if a else NO_ANSWER for a in session.answer(items, encoded, rows, 1, MAX_ANSWER_LEN)]
-        return {name: (self.outputs[name], [len(found)], [row[name] for row in found]) for name in wanted}
+        return self.columns(found, wanted)
 
     def predict(self, session: Any, req: PredictRequest, encoded: list, rows: np.ndarray) -> list:
         """The pipeline's shapes: one answer as an object, top_k > 1 as a list."""

@@ -49,4 +49,4 @@ class ServedToken(ServedKind):
                 wanted: tuple[str, ...]) -> dict[str, tuple[str, list[int], list]]:  # fmt: skip
         answers = session.answer(items, encoded, rows, 1, MAX_ANSWER_LEN)
         found = [{**e, "text_index": i} for i, entities in enumerate(answers) for e in entities]
-        return {name: (self.outputs[name], [len(found)], [row[name] for row in found]) for name in wanted}
+        return self.columns(found, wanted)
