@@ -161,24 +161,25 @@ def load_task_data(
             f"embedded sample (pipeline/data/samples/{spec.name}, shipped with the project; "
             "pass --data-dir for real data)"
         )
-    size, fraction, seed, unit = validation
-    inside = None
-    if unit == "auto":
-        unit, inside = resolve_unit(train, size, fraction, seed)
-    train, val, dropped = carve_validation(train, size, fraction, seed, unit)
-    train, dev = _limit(train, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
+    size, fraction, seed, asked = validation
+    unit = "example" if asked == "auto" else asked
+    kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
+    inside = _leaking_share(kept, val) if asked == "auto" else None
+    if inside is not None:  # `auto`, and the random slice leaks: whole sentences instead
+        unit = "sentence"
+        kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
+    train, dev = _limit(kept, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
     return TaskData(spec, train, val, dev, label, seed, unit, dropped, inside)
 
 
-def resolve_unit(train: AnySplit, size: int, fraction: float, seed: int) -> tuple[str, float | None]:
-    """`auto`'s unit for `train`: ("sentence", the share) when more than `LEAK_WARNING` of a random slice's texts
-    occur inside training texts (phrases of the same sentences, as SST-2's train set holds), else ("example",
-    None). Only single-text tasks can leak so; the rest are carved by example."""
+def _leaking_share(train: AnySplit, validation: AnySplit) -> float | None:
+    """`auto`'s test of a random slice: the share of its texts that occur inside training texts (phrases of the
+    same sentences, as SST-2's train set holds) when above `LEAK_WARNING`, else None. Only single-text tasks can
+    leak so."""
     if single_texts(train) is None:
-        return "example", None
-    kept, val, _ = carve_validation(train, size, fraction, seed, "example")
-    inside = share_inside(single_texts(val), single_texts(kept))
-    return ("sentence", inside) if inside > LEAK_WARNING else ("example", None)
+        return None
+    inside = share_inside(single_texts(validation), single_texts(train))
+    return inside if inside > LEAK_WARNING else None
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:
