@@ -128,6 +128,14 @@ def deploy(
             "instead of the teacher's; the teacher stays what is compressed and the speed baseline."
         ),
     ] = None,
+    kd_model: Annotated[
+        str | None,
+        typer.Option(
+            help="A stronger base model (any family, e.g. `pipeline base-model all-mpnet-base-v2`'s folder): "
+            "fine-tuned on the task's training split like the teacher, cached, and used as the KD teacher when it "
+            "scores above the teacher on validation."
+        ),
+    ] = None,
     data_dir: Annotated[
         str | None,
         typer.Option(

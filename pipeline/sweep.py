@@ -60,6 +60,7 @@ class SweepSpec(FrozenModel):
     model: str | None = None
     teacher: str | None = None
     kd_teacher: str | None = None
+    kd_model: str | None = None
     set: dict[str, Any] = Field(default_factory=dict)
     runs: list[SweepRun] = Field(default_factory=list)
     grid: SweepGrid | None = None
@@ -140,6 +141,7 @@ def load_sweep(
                         model=rel(spec.model),
                         teacher=rel(spec.teacher),
                         kd_teacher=rel(spec.kd_teacher),
+                        kd_model=rel(spec.kd_model),
                         data_dir=rel(spec.data_dir),
                         hub=spec.hub,
                         output_dir=output_dir,

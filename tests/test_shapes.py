@@ -148,7 +148,7 @@ def test_a_target_out_of_reach_at_the_depth_floor_names_the_floor(tmp_path, monk
     monkeypatch.setattr(plan, "table_record", lambda *a, **k: record)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "num_hidden_layers": 6}))
     reach_at_3 = table.dense_fp32_ms / table.predict_ms(3, 1, 32)
-    target = [f"target.speedup={reach_at_3 * 1.2}", "target.headroom=0"]
+    target = [f"target.speedup={reach_at_3 * 1.2}", "target.headroom=0", "target.checks=0"]  # a table, no model
     floored = build_deploy_config("distill+smp", "sst2", "default", overrides=[*target, "target.min_depth=0.5"])
     with pytest.raises(PipelineError, match=r"predicted at .*target\.min_depth 0\.5 and target\.layers keep at "
                        r"least 3 of the teacher's 6 layers") as refused:  # fmt: skip
@@ -317,7 +317,7 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
 
     _machine_says(monkeypatch, [False])  # this test is about the table and the plan; the busy cases are above
     teacher = str(classifier_dirs["bert"])
-    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", *QUICK_TABLE])
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.5", "target.checks=0", *QUICK_TABLE])
     table = measure_table(teacher, cfg.target, cfg.bench, str(tmp_path))
     assert len(table.layer_ms) == len(table.heads) and all(len(r) == len(table.ffn) for r in table.layer_ms)
     assert table.dense_fp32_ms > 0 and table.fixed_ms >= 0
@@ -330,15 +330,14 @@ def test_the_latency_table_of_a_tiny_model_plans_a_shape_that_meets_its_target(c
             plan_target(cfg, teacher, str(tmp_path))
         return
     target = 1 + (reachable - 1) / 2
-    headroom = (reachable / target - 1) / 2  # the plan aims between the target and what is reachable
-    cfg = build_deploy_config(
-        "smp", "sst2", overrides=[f"target.speedup={target}", f"target.headroom={headroom}", *QUICK_TABLE]
-    )
+    headroom = reachable / target - 1  # the plan aims at the middle: between the target and what is reachable
+    overrides = [f"target.speedup={target}", f"target.headroom={headroom}", "target.checks=0", *QUICK_TABLE]
+    cfg = build_deploy_config("smp", "sst2", overrides=overrides)
     plan, _ = plan_target(cfg, teacher, str(tmp_path))
-    assert plan["table"]["machine"]["busy"] is False and plan["table"]["cache"] == "hit"
+    assert plan["table"]["machine"]["busy"] is False and plan["table"]["cache"] == "hit" and plan["checks"] == []
     s = plan["shape"]
-    assert plan["planned_at"] == pytest.approx(target * (1 + headroom), rel=1e-3)
-    assert table.dense_fp32_ms / table.predict_ms(s["layers"], s["heads"], s["ffn"]) >= target * (1 + headroom)
+    assert plan["planned_at"] == pytest.approx(target * (1 + headroom / 2), rel=1e-3)
+    assert table.dense_fp32_ms / table.predict_ms(s["layers"], s["heads"], s["ffn"]) >= target * (1 + headroom / 2)
     if (s["heads"], s["ffn"]) == (table.teacher["heads"], table.teacher["ffn"]):  # int8 alone meets it
         assert (plan["method"], plan["config"]) == ("none", {"none": {}})
     else:
@@ -497,3 +496,69 @@ def test_a_target_alone_runs_distill_then_smp(tmp_path):
     assert request.config.method == TARGET_CHAIN == "distill+smp" and request.config.chosen_recipe == "layerwise"
     result = CliRunner().invoke(app, ["deploy", "--task", "sst2", "--output", str(tmp_path / "o")])
     assert result.exit_code == 2 and "give --method (see `pipeline methods`), or --target-speedup X" in result.output
+
+
+def _calibrated(error: float, target: float = 6.0, headroom: float = 0.05, steps: int = 3):
+    """`calibrate` on the synthetic table, with "measurements" that take `error` times the table's prediction."""
+    from pipeline.compress.shapes import calibrate
+
+    table, layers = synthetic_table(), [1, 2, 3, 4, 5, 6]
+
+    def search(factor: float):
+        return search_shape(table, target * factor, layers, headroom / 2)
+
+    def measure(shape):
+        return table.predict_ms(shape.layers, shape.heads, shape.ffn) * error, table.dense_fp32_ms
+
+    return calibrate(search(1.0), search, measure, target, headroom, steps), search(1.0)
+
+
+@pytest.mark.parametrize("error", [0.9, 1.1, 0.95, 1.06])
+def test_a_table_that_predicts_wrong_is_corrected_by_timing_the_planned_shape(error):
+    """A table 10% (or 5%) off either way: the check moves the shape until the measured speed lands in
+    [target, target x 1.05]; each check records prediction beside measurement."""
+    (shape, checks), first = _calibrated(error)
+    speed = [c["measured_speedup"] for c in checks]
+    assert checks[0]["layers"] == first.layers and checks[0]["ffn"] == first.ffn  # the first check is the plan's
+    assert speed[0] == pytest.approx(first.predicted_speedup / error, rel=1e-3)
+    assert not 6.0 <= speed[0] <= 6.3  # off by this much, the table's own pick lands outside the window
+    assert 6.0 <= speed[-1] <= 6.3 and len(checks) >= 2
+    kept = next(c for c in checks if (c["layers"], c["heads"], c["ffn"]) == (shape.layers, shape.heads, shape.ffn))
+    assert kept["measured_speedup"] >= 6.0 and kept["predicted_speedup"] == shape.predicted_speedup
+
+
+def test_a_table_that_predicts_right_is_checked_once_and_trusted_without_checks():
+    (shape, checks), first = _calibrated(1.0)
+    assert len(checks) == 1 and shape == first and 6.0 <= checks[0]["measured_speedup"] <= 6.3
+    (shape, checks), first = _calibrated(0.5, steps=0)
+    assert checks == [] and shape == first
+
+
+def test_a_target_no_shape_reaches_keeps_the_fastest_checked(caplog):
+    with caplog.at_level("WARNING"):
+        (shape, checks), _ = _calibrated(100.0, target=6.0)  # every shape 100x slower than the table says
+    assert all(c["measured_speedup"] < 6.0 for c in checks) and "no checked shape reached it" in caplog.text
+    assert shape.predicted_speedup == max(c["predicted_speedup"] for c in checks)
+
+
+def test_the_planned_shape_is_timed_before_training_and_the_check_is_cached(classifier_dirs, tmp_path, monkeypatch):
+    """Real export and timing of the planned shape: the plan's report holds each check, the chosen shape is one of
+    them, and the same plan again reads the checks back from the cache."""
+    from pipeline.stages.plan import run as plan_target
+
+    _machine_says(monkeypatch, [False])
+    teacher = str(classifier_dirs["bert"])
+    cfg = build_deploy_config("smp", "sst2", overrides=["target.speedup=1.2", "target.headroom=0.5", *QUICK_TABLE])
+    try:
+        plan, _ = plan_target(cfg, teacher, str(tmp_path))
+    except PipelineError as e:  # a tiny model's fixed cost can put 1.2x out of reach on a slow machine
+        assert "predicted at" in str(e)
+        return
+    checks = plan["checks"]
+    assert 1 <= len(checks) <= cfg.target.checks and all(c["cache"] == "stored" for c in checks)
+    assert all(c["measured_speedup"] > 0 and c["measured_ms"] > 0 for c in checks)
+    keys = ("layers", "heads", "ffn")
+    assert [plan["shape"][k] for k in keys] in [[c[k] for k in keys] for c in checks]
+    again, _ = plan_target(cfg, teacher, str(tmp_path))
+    first, again_first = checks[0], again["checks"][0]
+    assert again_first["cache"] == "hit" and again_first["measured_ms"] == first["measured_ms"]

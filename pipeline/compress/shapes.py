@@ -13,7 +13,9 @@ weights instead drops heads to one a layer on tight budgets, which cost 3.6 poin
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
@@ -26,6 +28,8 @@ from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.registry import methods
 from pipeline.config.recipes import CHAIN_SEP
 from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
 
 FFN_STEP = 32  # FFN widths are searched in steps of this many neurons
 
@@ -171,6 +175,52 @@ def search_shape(
             "on this machine"
         )
     return best
+
+
+def calibrate(
+    first: Shape,
+    search: Callable[[float], Shape],
+    measure: Callable[[Shape], tuple[float, float]],
+    target: float,
+    headroom: float,
+    steps: int,
+) -> tuple[Shape, list[dict[str, Any]]]:
+    """The searched shape `first`, checked by timing it, and moved until a check lands in [target, target x (1 +
+    headroom)]: returns the shape and the checks (each: the shape, its predicted and measured speedups).
+
+    `search(factor)` is the search with the table's predictions read `factor` times too fast (the target times
+    `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run, (ms, dense
+    ms). A check that misses the target or overshoots the window re-plans with the error it measured at that shape
+    (its predicted over its measured speedup), at most `steps` checks: a check below the target always moves to a
+    faster shape, and a shape checked once is not checked again. Of the checks at or above the target, the one
+    nearest it wins; if none reached it, the fastest measured, with a warning."""
+    shape, checks = first, []
+    for _ in range(steps):
+        ms, dense = measure(shape)
+        speed = dense / ms
+        checks.append({**shape.as_dict(), "measured_ms": round(ms, 4), "measured_speedup": round(speed, 3)})
+        if target <= speed <= target * (1 + headroom):
+            break
+        try:
+            moved = search(shape.predicted_speedup / speed)
+        except PipelineError:  # the error puts every shape out of reach: keep what was checked
+            break
+        if any(shape_of(c) == moved for c in checks):
+            break
+        shape = moved
+    if not checks:
+        return shape, checks
+    met = [c for c in checks if c["measured_speedup"] >= target]
+    best = min(met, key=lambda c: c["measured_speedup"]) if met else max(checks, key=lambda c: c["measured_speedup"])
+    if not met:
+        log.warning("speed target %.2fx: no checked shape reached it; the fastest, %.2fx, is kept", target,
+                    best["measured_speedup"])  # fmt: skip
+    return shape_of(best), checks
+
+
+def shape_of(record: dict[str, Any]) -> Shape:
+    """The Shape a record (a check, a plan's shape) holds."""
+    return Shape(**{k: record[k] for k in Shape.__dataclass_fields__})
 
 
 def layer_options(config: DeployConfig, layers: int) -> list[int]:

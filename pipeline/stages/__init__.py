@@ -6,6 +6,7 @@ it as it is (`flows/stage_tasks.py`) and the per-stage commands call it without 
 |---|---|---|
 | data | `data` | load, validate and fingerprint the task's data; carve the validation split from train |
 | teacher | `teacher` | the fine-tuned dense teacher (given, or fine-tuned and cached) |
+| kd_teacher | `kd_teacher` | only with `--kd-model` (fine-tuned, cached, gated) or `--kd-teacher`: output KD's |
 | plan | `plan` | only for a speed target: measure the latency table, pick the shape |
 | compress | `compress` | each method of the chain on a copy of the teacher (cached, compacted in between) |
 | compact | `compact` | remove the dead heads and neurons, proven exact |
@@ -19,5 +20,5 @@ from a pre-trained model on unlabelled text (`pipeline distill-general`, `flows/
 takes as its `--model`.
 """
 
-STAGES = ("data", "teacher", "plan", "compress", "compact", "export", "validate", "bench", "package")
+STAGES = ("data", "teacher", "kd_teacher", "plan", "compress", "compact", "export", "validate", "bench", "package")
 OWN_FLOW = ("general",)

@@ -31,11 +31,14 @@ from pipeline.compress.compaction import cut_from
 from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.shapes import (
     LatencyTable,
+    Shape,
     apply_shape,
+    calibrate,
     check_hidden_options,
     check_target_chain,
     layer_options,
     search_widths,
+    shape_of,
 )
 from pipeline.config.schema import BenchSettings, TargetConfig
 from pipeline.errors import PipelineError
@@ -75,6 +78,40 @@ def measure_table(*args: Any, **kwargs: Any) -> LatencyTable:
     return LatencyTable.from_dict(table_record(*args, **kwargs))
 
 
+def _machine(cfg: dict, arch: Arch, baseline: Arch, target: TargetConfig, bench: BenchSettings) -> dict:
+    """What a timing describes: the architecture timed, the baseline, the input shape, threads, CPU, libraries."""
+    return dict(
+        family=cfg["model_type"],
+        arch=dataclasses.asdict(arch),
+        baseline=dataclasses.asdict(baseline) if baseline != arch else None,
+        shape=(target.batch, target.seq),
+        threads=bench.threads or physical_cores(),
+        cpu=cpu_name(),
+        versions=library_versions(),
+    )
+
+
+def _settings(target: TargetConfig, bench: BenchSettings) -> BenchSettings:
+    """The benchmark's settings at the target's one input shape, on the CPU provider."""
+    return bench.model_copy(
+        update={
+            "batch_sizes": (target.batch,),
+            "seq_lens": (target.seq,),
+            "threads": bench.threads or physical_cores(),
+            "providers": ("CPUExecutionProvider",),
+        }
+    )
+
+
+def _architectures(teacher_dir: str, planned_on: str, hidden: int | None) -> tuple[dict, Arch, Arch]:
+    """(`planned_on`'s config, its architecture at `hidden`, the teacher's architecture)."""
+    cfg = json.loads((Path(planned_on) / CONFIG).read_text())
+    arch = arch_of(cfg)
+    if hidden is not None and hidden != arch.hidden:
+        arch = dataclasses.replace(arch, hidden=hidden, heads=hidden // arch.head_dim)
+    return cfg, arch, arch_of(json.loads((Path(teacher_dir) / CONFIG).read_text()))
+
+
 def table_record(
     teacher_dir: str,
     target: TargetConfig,
@@ -92,34 +129,11 @@ def table_record(
         PipelineError: every attempt found the machine busy and `target.accept_busy` is off (nothing cached).
     """
     planned_on = planned_on or teacher_dir
-    cfg = json.loads((Path(planned_on) / CONFIG).read_text())
-    arch = arch_of(cfg)
-    if hidden is not None and hidden != arch.hidden:
-        arch = dataclasses.replace(arch, hidden=hidden, heads=hidden // arch.head_dim)
-    baseline = arch_of(json.loads((Path(teacher_dir) / CONFIG).read_text()))
+    cfg, arch, baseline = _architectures(teacher_dir, planned_on, hidden)
     heads, ffn = grid(arch, target)
-    threads = bench.threads or physical_cores()
-    key = key_of(
-        stage="latency-table",
-        v=TABLE_VERSION,
-        family=cfg["model_type"],
-        arch=dataclasses.asdict(arch),
-        baseline=dataclasses.asdict(baseline) if baseline != arch else None,
-        heads=heads,
-        ffn=ffn,
-        shape=(target.batch, target.seq),
-        threads=threads,
-        cpu=cpu_name(),
-        versions=library_versions(),
-    )
-    settings = bench.model_copy(
-        update={
-            "batch_sizes": (target.batch,),
-            "seq_lens": (target.seq,),
-            "threads": threads,
-            "providers": ("CPUExecutionProvider",),
-        }
-    )
+    key = key_of(stage="latency-table", v=TABLE_VERSION, **_machine(cfg, arch, baseline, target, bench), heads=heads,
+                 ffn=ffn)  # fmt: skip
+    settings = _settings(target, bench)
 
     def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
         with tempfile.TemporaryDirectory() as tmp:
@@ -202,6 +216,50 @@ def _time_probes(
     return {**dataclasses.asdict(table), **measured, "machine": result["machine"]}
 
 
+CHECK_VERSION = "1"
+CHECK_FILE = "check.json"
+
+
+def check_record(
+    teacher_dir: str, target: TargetConfig, bench: BenchSettings, cache_dir: str, planned_on: str | None, shape: Shape
+) -> dict:
+    """The planned shape timed: its int8 graph (cut from `planned_on`, default the teacher, at the shape's hidden
+    size, compacted, exported as an artifact is) against the dense fp32 teacher, interleaved in one run; "ms",
+    "dense_ms" and "machine". Cached per shape and machine when measured quiet, as the table is."""
+    planned_on = planned_on or teacher_dir
+    cfg, arch, baseline = _architectures(teacher_dir, planned_on, shape.hidden)
+    arch = dataclasses.replace(arch, layers=shape.layers)
+    layers = {"layers": shape.layers, "heads": shape.heads, "ffn": shape.ffn, "hidden": shape.hidden}
+    key = key_of(stage="shape-check", v=CHECK_VERSION, **_machine(cfg, arch, baseline, target, bench), planned=layers)
+    settings = _settings(target, bench)
+
+    def build(out: Path) -> None:
+        from pipeline.models.families import family_of
+
+        with tempfile.TemporaryDirectory() as tmp:
+            model = _probe_source(teacher_dir, planned_on, arch)
+            cut = cut_from(model, list(range(shape.layers)), shape.heads, shape.ffn)[0]
+            export_optimized(cut, None, Path(tmp) / "planned", fusion=family_of(model).ort_fusion)
+            models = {"planned": Path(tmp) / "planned" / GRAPHS["int8"],
+                      "dense": dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]}  # fmt: skip
+            record = _measure_until_quiet(lambda: _time_check(models, arch.vocab, settings), target, settings)
+        if record["machine"]["busy"]:
+            raise _Uncached(record)
+        (out / CHECK_FILE).write_text(json.dumps(record, indent=2))
+
+    try:
+        entry, hit = cached_build(Path(cache_dir), "latency", key, build)
+    except _Uncached as busy:
+        return {**busy.record, "cache": "not stored: busy"}
+    return {**json.loads((entry / CHECK_FILE).read_text()), "cache": "hit" if hit else "stored"}
+
+
+def _time_check(models: dict, vocab: int, settings: BenchSettings) -> dict:
+    result = benchmark(models, vocab, settings, interrupts.check)
+    p50 = {c["model"]: c["p50_ms"] for c in result["cells"]}
+    return {"ms": p50["planned"], "dense_ms": p50["dense"], "machine": result["machine"]}
+
+
 def _measure_until_quiet(measure: Callable[[], dict], target: TargetConfig, settings: BenchSettings) -> dict:
     """`measure()` until the machine was quiet through a measurement, at most `target.busy_attempts` times.
 
@@ -248,12 +306,16 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, D
     for hidden in sorted(set(target.hidden or ()) - {own}, reverse=True):  # a table per narrower width
         records.append(table_record(teacher_dir, target, config.bench, cache_dir, None, hidden))
     tables = [LatencyTable.from_dict(r) for r in records]
+    by_hidden = {t.teacher["hidden"]: (t, r) for t, r in zip(tables, records, strict=True)}
     depth = tables[0].teacher["layers"]
     options = layer_options(config, depth)
+    half = target.headroom / 2  # the middle of the window [target, target x (1 + headroom)]
+
+    def search(factor: float) -> Shape:
+        return search_widths(tables, target.speedup * factor, options, half, target.min_heads, target.objective)[0]
+
     try:
-        shape, table = search_widths(
-            tables, target.speedup, options, target.headroom, target.min_heads, target.objective
-        )
+        first = search(1.0)
     except PipelineError as e:
         if not config.cuts_student or min(options) == 1:
             raise
@@ -261,12 +323,24 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, D
             f"{e}; shallower students are out: target.min_depth {target.min_depth:g} and target.layers keep at "
             f"least {min(options)} of the teacher's {depth} layers (a recipe such as `layerwise` sets it)"
         ) from None
-    measured = records[tables.index(table)]
-    aim = target.speedup * (1 + target.headroom)
+    timed: list[dict] = []
+
+    def measure(shape: Shape) -> tuple[float, float]:
+        timed.append(check_record(teacher_dir, target, config.bench, cache_dir, folder, shape))
+        log.info("speed target %.2fx: %d x %d x %d at hidden %d predicted %.2fx, checked %.2fx", target.speedup,
+                 shape.layers, shape.heads, shape.ffn, shape.hidden, shape.predicted_speedup,
+                 timed[-1]["dense_ms"] / timed[-1]["ms"])  # fmt: skip
+        return timed[-1]["ms"], timed[-1]["dense_ms"]
+
+    shape, checks = calibrate(first, search, measure, target.speedup, target.headroom, target.checks)
+    for check, record in zip(checks, timed, strict=True):
+        check["machine_busy"], check["cache"] = record["machine"]["busy"], record["cache"]
+    table, measured = by_hidden[shape.hidden]
+    aim = target.speedup * (1 + half)
     planned = apply_shape(config, shape, table.teacher, shape.hidden if shape.hidden != own else None)
     log.info(
         "target %.2fx (planned at %.2fx): %d layers x (%d heads, %d FFN neurons) at hidden %d, predicted %.2fx "
-        "(%.2f ms vs dense fp32 %.2f ms)",
+        "(%.2f ms vs dense fp32 %.2f ms)%s",
         config.target.speedup,
         aim,
         shape.layers,
@@ -276,12 +350,14 @@ def run(config: DeployConfig, teacher_dir: str, cache_dir: str) -> tuple[dict, D
         shape.predicted_speedup,
         shape.predicted_ms,
         table.dense_fp32_ms,
+        "".join(f", checked {c['measured_speedup']:.2f}x" for c in checks if shape_of(c) == shape),
     )
     plan = {
         "target_speedup": config.target.speedup,
         **({"recipe": config.chosen_recipe} if config.chosen_recipe else {}),  # chosen by the target (its kind's)
         "planned_at": round(aim, 4),
         "shape": shape.as_dict(),
+        "checks": checks,  # each shape timed before training: predicted beside checked
         "method": planned.method,
         "config": planned.config,
         "table": {

@@ -5,19 +5,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.cache import cached_stage, dir_digest
 from pipeline.config.schema import TrainConfig
-from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import DataRef
 from pipeline.errors import PipelineError
-from pipeline.models.folders import check_model_dir, load_tokenizer
-from pipeline.models.io import load_base_model, load_model, save_model
-from pipeline.train.loop import train
+from pipeline.models.folders import load_tokenizer
+from pipeline.models.io import load_model
+from pipeline.train.fine_tune import fine_tuned
 
 log = logging.getLogger(__name__)
-
-# Bump when a change alters what the stage produces, to invalidate its cache entries.
-TEACHER_VERSION = "1"
 
 
 def run(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig, cache_dir: str) -> dict:
@@ -32,18 +27,6 @@ def run(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig,
             )
         load_tokenizer(teacher_dir)
         return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
-    check_model_dir(model_dir)
-
-    def build(out: Path) -> dict:
-        tokenizer = load_tokenizer(model_dir)
-        model = load_base_model(model_dir, data.task)
-        train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
-        result = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning")
-        save_model(model, tokenizer, out)
-        return {**result.report(), "base_model": str(model_dir)}
-
-    key = dict(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint,
-               cfg=cfg.model_dump())  # fmt: skip
-    path, hit, info = cached_stage(cache_dir, "teachers", key, build)
+    path, hit, info = fine_tuned(model_dir, data, cfg, cache_dir)
     log.info("teacher: %s (%s), validation %s", path, "cached" if hit else "fine-tuned now", info.get("validation"))
     return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}

@@ -1,0 +1,35 @@
+"""A base model fine-tuned on a task's training split, cached by model, data and recipe: the teacher, and the KD
+teacher made from `--kd-model` (the same build, so the same rules for the cache, stopping and resuming)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.cache import cached_stage, dir_digest
+from pipeline.config.schema import TrainConfig
+from pipeline.data.encoding import encode_task
+from pipeline.data.loaders import TaskData
+from pipeline.models.folders import check_model_dir, load_tokenizer
+from pipeline.models.io import load_base_model, save_model
+from pipeline.train.loop import train
+
+# Bump when a change alters what the fine-tuning produces, to invalidate its cache entries.
+TEACHER_VERSION = "1"
+
+
+def fine_tuned(model_dir: str, data: TaskData, cfg: TrainConfig, cache_dir: str) -> tuple[Path, bool, dict]:
+    """(folder, cache hit, report) of `model_dir` fine-tuned on `data`'s training split with `cfg`, scored on its
+    validation split."""
+    check_model_dir(model_dir)
+
+    def build(out: Path) -> dict:
+        tokenizer = load_tokenizer(model_dir)
+        model = load_base_model(model_dir, data.task)
+        train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
+        result = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning")
+        save_model(model, tokenizer, out)
+        return {**result.report(), "base_model": str(model_dir)}
+
+    key = dict(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint,
+               cfg=cfg.model_dump())  # fmt: skip
+    return cached_stage(cache_dir, "teachers", key, build)
