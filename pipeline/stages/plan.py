@@ -135,23 +135,40 @@ def table_record(
                  ffn=ffn)  # fmt: skip
     settings = _settings(target, bench)
 
-    def build(out: Path) -> None:  # under the key's lock: two runs never time their probes against each other
+    def timing(tmp: Path) -> Callable[[], dict]:
+        models, direct = _export_probes(teacher_dir, planned_on, arch, heads, ffn, tmp, cache_dir)
+        return lambda: _time_probes(models, direct, arch, heads, ffn, settings)
+
+    return _quiet_timing(cache_dir, key, TABLE_FILE, timing, target, settings, "latency table")
+
+
+def _quiet_timing(
+    cache_dir: str,
+    key: str,
+    file: str,
+    timing: Callable[[Path], Callable[[], dict]],
+    target: TargetConfig,
+    settings: BenchSettings,
+    what: str,
+) -> dict:
+    """A timing's record, cached under `key` only when measured on a quiet machine, plus "cache" ("hit", "stored",
+    or "not stored: busy"). `timing(tmp)` exports what it times into `tmp` and returns the measurement, which
+    runs until quiet (`_measure_until_quiet`) under the key's lock: two runs never time against each other."""
+
+    def build(out: Path) -> None:
         with tempfile.TemporaryDirectory() as tmp:
-            models, direct = _export_probes(teacher_dir, planned_on, arch, heads, ffn, Path(tmp), cache_dir)
-            record = _measure_until_quiet(
-                lambda: _time_probes(models, direct, arch, heads, ffn, settings), target, settings
-            )
+            record = _measure_until_quiet(timing(Path(tmp)), target, settings)
         if record["machine"]["busy"]:
             raise _Uncached(record)
-        (out / TABLE_FILE).write_text(json.dumps(record, indent=2))
+        (out / file).write_text(json.dumps(record, indent=2))
 
     try:
         entry, hit = cached_build(Path(cache_dir), "latency", key, build)
     except _Uncached as busy:
-        log.warning("latency table: measured on a busy machine, used by this run only (target.accept_busy)")
+        log.warning("%s: measured on a busy machine, used by this run only (target.accept_busy)", what)
         return {**busy.record, "cache": "not stored: busy"}
-    log.info("latency table: %s (%s)", entry, "cached" if hit else "measured now")
-    return {**json.loads((entry / TABLE_FILE).read_text()), "cache": "hit" if hit else "stored"}
+    log.info("%s: %s (%s)", what, entry, "cached" if hit else "measured now")
+    return {**json.loads((entry / file).read_text()), "cache": "hit" if hit else "stored"}
 
 
 def _probe_source(teacher_dir: str, planned_on: str, arch: Arch) -> nn.Module:
@@ -233,25 +250,17 @@ def check_record(
     key = key_of(stage="shape-check", v=CHECK_VERSION, **_machine(cfg, arch, baseline, target, bench), planned=layers)
     settings = _settings(target, bench)
 
-    def build(out: Path) -> None:
+    def timing(tmp: Path) -> Callable[[], dict]:
         from pipeline.models.families import family_of
 
-        with tempfile.TemporaryDirectory() as tmp:
-            model = _probe_source(teacher_dir, planned_on, arch)
-            cut = cut_from(model, list(range(shape.layers)), shape.heads, shape.ffn)[0]
-            export_optimized(cut, None, Path(tmp) / "planned", fusion=family_of(model).ort_fusion)
-            models = {"planned": Path(tmp) / "planned" / GRAPHS["int8"],
-                      "dense": dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]}  # fmt: skip
-            record = _measure_until_quiet(lambda: _time_check(models, arch.vocab, settings), target, settings)
-        if record["machine"]["busy"]:
-            raise _Uncached(record)
-        (out / CHECK_FILE).write_text(json.dumps(record, indent=2))
+        model = _probe_source(teacher_dir, planned_on, arch)
+        cut = cut_from(model, list(range(shape.layers)), shape.heads, shape.ffn)[0]
+        export_optimized(cut, None, tmp / "planned", fusion=family_of(model).ort_fusion)
+        models = {"planned": tmp / "planned" / GRAPHS["int8"],
+                  "dense": dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]}  # fmt: skip
+        return lambda: _time_check(models, arch.vocab, settings)
 
-    try:
-        entry, hit = cached_build(Path(cache_dir), "latency", key, build)
-    except _Uncached as busy:
-        return {**busy.record, "cache": "not stored: busy"}
-    return {**json.loads((entry / CHECK_FILE).read_text()), "cache": "hit" if hit else "stored"}
+    return _quiet_timing(cache_dir, key, CHECK_FILE, timing, target, settings, "shape check")
 
 
 def _time_check(models: dict, vocab: int, settings: BenchSettings) -> dict:
