@@ -236,3 +236,15 @@ def test_a_kd_model_that_cannot_serve_is_one_line(case, needle, tmp_path, base_d
     result = cli_deploy("--method", "distill", *task, "--kd-model", str(kd), "--output", str(tmp_path),
                         *extra.get(case, []))  # fmt: skip
     assert_one_line_error(result, needle.format(kd=kd))
+
+
+def test_a_sweep_file_names_a_kd_model_beside_it(tmp_path, base_dirs):
+    import shutil
+
+    from pipeline.sweep import load_sweep
+
+    shutil.copytree(base_dirs["roberta"], tmp_path / "base")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("task: sst2\nkd_model: base\nruns: [{method: distill}]\n")
+    ((_, request),) = load_sweep(sweep, str(tmp_path / "out"), str(tmp_path / "cache"))
+    assert request.kd_model == str((tmp_path / "base").resolve()) and request.kd_teacher is None
