@@ -111,14 +111,10 @@ def checked_signing_key(path: str) -> str:
     return str(Path(path).resolve())
 
 
-def _labels_of(cfg: dict) -> list[str]:
-    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.get("id2label") or {}).items())]
-    return names or [f"LABEL_{i}" for i in range(cfg.get("num_labels", 2))]  # config.json leaves defaults out
-
-
 def _check_labels(option: str, folder: str, cfg: dict, spec: TaskSpec) -> None:
     """A classifier's labels are the task's: as many, and (when named) in the task's order."""
-    names = _labels_of(cfg)
+    names = [str(v) for _, v in sorted((int(k), v) for k, v in (cfg.get("id2label") or {}).items())]
+    names = names or [f"LABEL_{i}" for i in range(cfg.get("num_labels", 2))]  # config.json leaves defaults out
     generic = names == [f"LABEL_{i}" for i in range(len(names))]  # unnamed: the order is the user's word
     named_alike = [n.lower() for n in names] == [str(n).lower() for n in spec.labels]
     if len(names) != len(spec.labels) or not (generic or named_alike):

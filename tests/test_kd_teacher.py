@@ -1,6 +1,7 @@
 """`--kd-teacher`: output KD from another classifier of the task (any vocabulary), while hidden states, relations,
 the compressed model and the speed baseline stay the teacher's."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -206,7 +207,9 @@ def test_a_deploy_with_a_kd_model_distils_from_the_model_it_made(base_dirs, clas
     run = prepare(request)
     assert run.kd_teacher["source"] == f"fine-tuned from {request.kd_model}"
     assert compress_args(request, run)[-1] == (run.kd_teacher["path"] if run.kd_teacher["used"] else None)
-    assert kd_folder(run) == compress_args(request, run)[-1]
+    refused = dataclasses.replace(run, kd_teacher={**run.kd_teacher, "used": False})  # not above the teacher
+    used = dataclasses.replace(run, kd_teacher={**run.kd_teacher, "used": True})
+    assert kd_folder(refused) is None and compress_args(request, used)[-1] == run.kd_teacher["path"]
 
 
 @pytest.mark.parametrize(
