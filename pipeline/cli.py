@@ -555,11 +555,10 @@ def list_tasks() -> None:
     from pipeline.kinds import kind_of
 
     for spec in TASKS.values():
-        inputs = kind_of(spec.kind).inputs(spec)
+        adapter = kind_of(spec.kind)
         sample = ", embedded sample" if spec.has_sample else ""
-        labels = f"{len(spec.labels)} labels ({', '.join(spec.labels)})" if spec.labels else "answer spans"
         kind = "" if spec.kind == SEQUENCE else f" [{spec.kind}]"
-        typer.echo(f"{spec.name:<9} {labels}, {inputs}, {spec.metric}{sample}{kind}")
+        typer.echo(f"{spec.name:<9} {adapter.predicts(spec)}, {adapter.inputs(spec)}, {spec.metric}{sample}{kind}")
     typer.echo(
         "\nyour own task: --task-file FILE (train/dev files in TSV, CSV or JSONL, text column(s), labels, metric)"
     )

@@ -36,6 +36,8 @@ TASK_KEY = "encoder_deploy_task"
 # The task block's kinds: transformers' pipeline names (a block without one, from before kinds, is SEQUENCE), and
 # the class-name suffix of each kind's head in transformers and Optimum (AutoModel<suffix>, ORTModel<suffix>).
 SEQUENCE, TOKEN, QA = "sequence-classification", "token-classification", "question-answering"
+# Sentence embeddings have no task head: the bare encoder (`BertModel`), its pooling and normalisation.
+EMBEDDING = "sentence-embedding"
 HEAD_SUFFIXES = {SEQUENCE: "ForSequenceClassification", TOKEN: "ForTokenClassification", QA: "ForQuestionAnswering"}
 
 

@@ -146,7 +146,7 @@ def _bad(tmp_path, task_file):
         ({"labels": ["greet"]}, "labels: a classification task needs at least two labels"),
         ({"labels": ["greet", "greet"]}, "each label once"),
         ({"metric": "f1"}, "metric f1 is for two labels; 5 labels"),
-        ({"metric": "auc"}, "metric: Input should be 'accuracy', 'f1' or 'macro_f1'"),
+        ({"metric": "auc"}, "metric: Input should be 'accuracy', 'f1', 'macro_f1', 'spearman'"),
         ({"name": "sst2"}, "name 'sst2' is a built-in task"),
         ({"train": "data/train.parquet"}, "train.parquet': the format comes from the extension, one of .tsv, .csv"),
         ({"label": "intent"}, "label: Extra inputs are not permitted"),

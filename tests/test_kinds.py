@@ -6,11 +6,16 @@ import numpy as np
 import pytest
 
 from pipeline.kinds import KIND_NAMES, KINDS, Kind, kind_of
-from serving.artifact import HEAD_SUFFIXES
+from serving.artifact import EMBEDDING, HEAD_SUFFIXES
 from serving.kinds import SERVED, ServedKind, served_kind
 from tests.helpers import SHARED_DATA
 
-TASK_OF_KIND = {"sequence-classification": "sst2", "token-classification": "conll2003", "question-answering": "squad"}
+TASK_OF_KIND = {
+    "sequence-classification": "sst2",
+    "token-classification": "conll2003",
+    "question-answering": "squad",
+    "sentence-embedding": "stsb",
+}
 
 
 def missing_parts(adapter: object, base: type) -> list[str]:
@@ -28,7 +33,7 @@ def missing_parts(adapter: object, base: type) -> list[str]:
 
 
 def test_every_kind_has_both_halves_and_every_part():
-    assert set(KIND_NAMES) == {k.name for k in SERVED} == set(HEAD_SUFFIXES) == set(TASK_OF_KIND)
+    assert set(KIND_NAMES) == {k.name for k in SERVED} == {*HEAD_SUFFIXES, EMBEDDING} == set(TASK_OF_KIND)
     for kind in KINDS:
         assert missing_parts(kind, Kind) == [], kind.name
         assert missing_parts(served_kind(kind.name), ServedKind) == [], kind.name

@@ -413,6 +413,10 @@ class CustomTask(BaseModel):
     for each entity type X); `scheme` IOB2 (the default) or IOB1, both read by the CoNLL rules and kept as IOB2;
     the metric is entity-level f1. Question answering: `train`/`dev` in SQuAD JSON (`.json`) or JSONL (`.jsonl`:
     id, question, context, answers), no labels; the metric is SQuAD's f1 (exact match reported beside it).
+    Sentence embeddings (`kind: sentence-embedding`), no labels: scored pairs (TSV, CSV or JSONL; two
+    `text_columns`, default sentence1 and sentence2, and the score in `label_column`, default score; metric
+    spearman, the default, or pearson) or retrieval (metric ndcg_at_10, recall_at_1 or recall_at_10; SQuAD JSON,
+    or JSONL lines of `query`, its relevant `document` and an optional `group`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -424,7 +428,10 @@ class CustomTask(BaseModel):
     text_columns: tuple[str, ...] = ()
     label_column: str = ""
     labels: tuple[str | int, ...] = ()
-    metric: Literal["accuracy", "f1", "macro_f1"] = "accuracy"
+    # each kind takes its own (`Kind.check_task_file`)
+    metric: Literal[
+        "accuracy", "f1", "macro_f1", "spearman", "pearson", "ndcg_at_10", "recall_at_1", "recall_at_10"
+    ] = "accuracy"  # fmt: skip
     scheme: Literal["IOB1", "IOB2"] | None = None
 
     @model_validator(mode="before")

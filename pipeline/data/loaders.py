@@ -76,9 +76,9 @@ class TaskData:
         """What the report records of the data: source, sizes, and which validation slice was carved."""
         h = hashlib.sha256()
         self.validation.digest(h)
-        unit = {} if self.validation_unit == "example" else {
-            "unit": self.validation_unit, "dropped_from_train": self.dropped_from_train
-        }  # fmt: skip
+        unit = {} if self.validation_unit == "example" else {"unit": self.validation_unit}
+        if self.dropped_from_train or self.validation_unit != "example":
+            unit["dropped_from_train"] = self.dropped_from_train
         if self.random_slice_inside is not None:
             unit["chosen"] = f"auto: {self.random_slice_inside:.2f} of a random slice sat inside training texts"
         return {
@@ -111,7 +111,9 @@ def carve_validation(
     At least one example stays on each side; the two parts are disjoint by construction. Questions are carved
     with their whole context (all the questions of a drawn context, until there are n): a validation question
     whose paragraph was trained on would flatter every choice made on it. With `unit` "sentence", texts that
-    occur inside no other training text, and the training texts inside them are dropped (`pipeline.data.phrases`).
+    occur inside no other training text, and the training texts inside them are dropped (`pipeline.data.phrases`);
+    with `example`, training examples that share a text with the slice, where the kind's texts recur (scored
+    pairs: a sentence in several pairs).
     """
     if len(train) < 2:
         raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
@@ -126,7 +128,9 @@ def carve_validation(
                                 "sentences, as SST-2's train set holds); use `example`")  # fmt: skip
         chosen, dropped = whole_sentences(texts, n, seed)
     else:
-        chosen = kind_of(train.kind).validation_draw(train, n, seed)
+        kind = kind_of(train.kind)
+        chosen = kind.validation_draw(train, n, seed)
+        dropped = kind.sharing_texts(train, chosen)
     kept = [i for i in range(len(train)) if i not in chosen and i not in dropped]
     return train.subset(kept), train.subset(sorted(chosen)), len(dropped)
 

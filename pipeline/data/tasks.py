@@ -16,7 +16,7 @@ from pipeline.config.recipes import read_yaml_mapping
 from pipeline.config.schema import CustomTask, parse
 from pipeline.errors import PipelineError
 from pipeline.kinds import kind_of
-from serving.artifact import QA, SEQUENCE, TOKEN
+from serving.artifact import EMBEDDING, QA, SEQUENCE, TOKEN
 
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")  # Hugging Face's order
 
@@ -38,10 +38,11 @@ class TaskSpec:
         train_file, dev_file: file names inside `--data-dir` (absolute paths for a user's task).
         hf_dev_split: the split used as dev.
         metric: headline metric: accuracy, f1 (two labels, positive class 1) or macro_f1; token classification:
-            f1 of entities; question answering: SQuAD's f1 (exact match is reported beside it).
+            f1 of entities; question answering: SQuAD's f1 (exact match is reported beside it); sentence
+            embeddings: spearman (scored pairs) or ndcg_at_10 (retrieval; recall@1 and @10 beside it).
         has_sample: whether the project ships an embedded sample for this task.
         custom: a user's task (`--task-file`), not a built-in one.
-        kind: the task kind's name (`pipeline.kinds`): SEQUENCE, TOKEN or QA.
+        kind: the task kind's name (`pipeline.kinds`): SEQUENCE, TOKEN, QA or EMBEDDING.
     """
 
     name: str
@@ -163,6 +164,30 @@ TASKS: dict[str, TaskSpec] = {
             train_file="train.json",
             dev_file="dev.json",
             metric="f1",
+        ),
+        TaskSpec(  # the STS benchmark: Spearman of the cosine similarity against the pairs' scores
+            name="stsb",
+            kind=EMBEDDING,
+            labels=(),
+            text_columns=("sentence1", "sentence2"),
+            label_column="score",
+            label_values=(),
+            hf_dataset=("glue", "stsb"),
+            hf_text_columns=("sentence1", "sentence2"),
+            metric="spearman",
+        ),
+        TaskSpec(  # SQuAD's questions against every paragraph of their split's articles
+            name="squad-retrieval",
+            kind=EMBEDDING,
+            labels=(),
+            text_columns=("question", "context"),
+            label_column="",
+            label_values=(),
+            hf_dataset=("squad", "plain_text"),
+            hf_text_columns=("question", "context"),
+            train_file="train.json",
+            dev_file="dev.json",
+            metric="ndcg_at_10",
         ),
     )
 }

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pipeline.errors import PipelineError
 from pipeline.kinds.base import Encoded, Kind
+from pipeline.kinds.embedding import SentenceEmbedding
 from pipeline.kinds.question_answering import QuestionAnswering
 from pipeline.kinds.sequence import SequenceClassification
 from pipeline.kinds.token import TokenClassification
 
-KINDS: tuple[Kind, ...] = (SequenceClassification(), TokenClassification(), QuestionAnswering())
+KINDS: tuple[Kind, ...] = (SequenceClassification(), TokenClassification(), QuestionAnswering(), SentenceEmbedding())
 BY_NAME = {k.name: k for k in KINDS}
 KIND_NAMES = tuple(BY_NAME)
 

@@ -102,6 +102,10 @@ class Kind:
         """What a request of this kind carries, in `pipeline tasks`' words."""
         raise NotImplementedError
 
+    def predicts(self, spec: Spec) -> str:
+        """What its model answers, in `pipeline tasks`' words."""
+        return f"{len(spec.labels)} labels ({', '.join(spec.labels)})"
+
     def card_description(self, task: dict) -> str:
         """The model card's name for the model of a task block."""
         raise NotImplementedError
@@ -123,6 +127,11 @@ class Kind:
     def validation_draw(self, split: Any, n: int, seed: int) -> set[int]:
         """The indices of `n` examples drawn with `seed` for the validation split."""
         return set(random.Random(seed).sample(range(len(split)), n))
+
+    def sharing_texts(self, split: Any, chosen: set[int]) -> set[int]:
+        """The examples outside `chosen` that share a text with it, dropped from training when `chosen` becomes
+        validation (none by default: a kind whose texts recur across examples says which)."""
+        return set()
 
     # -- the model's outputs, one row per example (the teacher outputs kept for output KD) -----------------------
 

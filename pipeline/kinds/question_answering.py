@@ -55,6 +55,9 @@ class QuestionAnswering(Kind):
     def inputs(self, spec: Spec) -> str:
         return "question and context"
 
+    def predicts(self, spec: Spec) -> str:
+        return "answer spans"
+
     def card_description(self, task: dict) -> str:
         return "extractive question-answering model"
 

@@ -78,6 +78,8 @@ class SequenceClassification(Kind):
             raise ValueError(f"labels: a classification task needs at least two labels, got {values}")
         if len(set(values)) != len(values):
             raise ValueError(f"labels: each label once, got {values}")
+        if task.metric not in ("accuracy", "f1", "macro_f1"):
+            raise ValueError(f"metric: a classification task is scored by accuracy, f1 or macro_f1, not {task.metric}")
         if task.metric == "f1" and len(values) != 2:
             raise ValueError(f"metric f1 is for two labels; {len(values)} labels: use macro_f1 or accuracy")
 

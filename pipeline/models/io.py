@@ -20,7 +20,7 @@ from pipeline.models.families import family_of
 from pipeline.models.folders import check_model_dir, head_kind, safetensors_header
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
 from pipeline.models.layers import ScaledLinear, ffn_widths, head_counts, resize_ffn_, resize_heads_
-from serving.artifact import HEAD_SUFFIXES
+from serving.artifact import EMBEDDING, HEAD_SUFFIXES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -33,10 +33,21 @@ LABEL_HEAD = "classifier"
 
 
 def auto_class(kind: str):
-    """The transformers `AutoModelFor...` class of a task kind."""
+    """The transformers `AutoModelFor...` class of a task kind (sentence embeddings: `SentenceEmbedder`, which builds
+    from a config the same way)."""
+    if kind == EMBEDDING:
+        from pipeline.models.embedding import SentenceEmbedder
+
+        return SentenceEmbedder
     import transformers
 
     return getattr(transformers, f"AutoModel{HEAD_SUFFIXES[kind]}")
+
+
+def model_kind(config) -> str | None:
+    """The kind of the model a config describes: its head's, or sentence embeddings where it records a pooling."""
+    pooling = config.get("sentence_pooling") if isinstance(config, dict) else getattr(config, "sentence_pooling", None)
+    return EMBEDDING if pooling else head_kind(config)
 
 
 def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
@@ -51,6 +62,8 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     from transformers import AutoConfig
 
     config = check_model_dir(path)
+    if task.kind == EMBEDDING:
+        return _base_embedder(path, config)
     labels = {"num_labels": task.num_labels}
     if task.labels:  # question answering's two outputs (start, end) have no label names
         labels.update(id2label=dict(enumerate(task.labels)), label2id={name: i for i, name in enumerate(task.labels)})
@@ -81,6 +94,31 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     if mismatched:
         raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
     return model
+
+
+def _base_embedder(path: str | Path, config: dict):
+    """A sentence-embedding model from a folder: one saved at per-layer shapes (a compacted student) as it is, else
+    the folder's encoder (sentence-transformers' layout or a plain one; a task head in it is left out) with the
+    folder's pooling."""
+    from transformers import AutoConfig, AutoModel
+
+    from pipeline.models.embedding import SentenceEmbedder, folder_pooling, takes_pooler
+
+    if model_kind(config) == EMBEDDING and ("intermediate_sizes" in config or "layer_heads" in config):
+        return load_model(path)
+    pooling = folder_pooling(path)
+    no_pooler = {"add_pooling_layer": False} if takes_pooler(AutoConfig.from_pretrained(str(path))) else {}
+    try:
+        encoder, info = AutoModel.from_pretrained(str(path), output_loading_info=True, use_safetensors=True,
+                                                  **no_pooler)  # fmt: skip
+    except Exception as e:
+        raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
+    missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]
+    if missing:
+        raise PipelineError(
+            f"cannot load {path} as an encoder: {len(missing)} weights missing ({', '.join(missing[:3])})"
+        )
+    return SentenceEmbedder(encoder, pooling)
 
 
 def check_weights_agree(path: str | Path) -> None:
@@ -136,10 +174,10 @@ def load_model(path: str | Path) -> PreTrainedModel:
     path = Path(path)
     check_model_dir(path, need_tokenizer=False)
     config = AutoConfig.from_pretrained(str(path))
-    kind = head_kind(config)
+    kind = model_kind(config)
     if kind is None:
-        raise PipelineError(f"{path} holds no sequence classifier, token classifier or question-answering head "
-                            f"(architectures: {config.architectures})")  # fmt: skip
+        raise PipelineError(f"{path} holds no sequence classifier, token classifier or question-answering head, nor "
+                            f"a sentence embedder (architectures: {config.architectures})")  # fmt: skip
     from safetensors.torch import load_file
 
     model = auto_class(kind).from_config(config)

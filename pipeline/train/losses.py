@@ -158,9 +158,13 @@ def prediction_rows(out, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tenso
     - token classification, logits (B, T, C): one row per real token (pads dropped, so KD sees real tokens only;
       labels IGNORED on special tokens and on every sub-token after a word's first);
     - question answering, start and end logits (B, T): a row per example for the start and one for the end,
-      over the window's tokens, pads pushed out of the softmax; labels (B, 2) hold the start and end positions.
+      over the window's tokens, pads pushed out of the softmax; labels (B, 2) hold the start and end positions;
+    - sentence embeddings (B, D): one pooled, normalised vector per text (not logits: the embedding losses compare
+      them with the teacher's, `embedding_loss`).
     """
     labels = batch.get("labels")
+    if hasattr(out, "sentence_embedding"):  # one pooled, normalised vector per text, no labels
+        return out.sentence_embedding, labels
     if hasattr(out, "start_logits"):
         pad = ~batch["attention_mask"].bool()
         rows = torch.cat([out.start_logits, out.end_logits]).masked_fill(pad.repeat(2, 1), -1e4)

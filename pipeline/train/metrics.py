@@ -50,7 +50,7 @@ def predict_logits(model: torch.nn.Module, enc: Encoded, batch_size: int = 64) -
     out, width = [], longest(enc)
     for batch in iter_batches(enc, batch_size):
         interrupts.check()  # a stop during a long validation ends it within a batch (training checks every step)
-        batch.pop("labels")
+        batch.pop("labels", None)  # sentence embeddings have none
         batch = {k: v.to(device) for k, v in batch.items()}  # the rows' masks too: QA's padding mask meets CUDA logits
         out.append(output_rows(model(**batch), batch, width))
     return join_rows(out, enc)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from serving.artifact import ArtifactError
 from serving.kinds.base import ServedKind
+from serving.kinds.embedding import ServedEmbedding
 from serving.kinds.question_answering import ServedQuestionAnswering
 from serving.kinds.sequence import ServedSequence
 from serving.kinds.token import ServedToken
 
-SERVED: tuple[ServedKind, ...] = (ServedSequence(), ServedToken(), ServedQuestionAnswering())
+SERVED: tuple[ServedKind, ...] = (ServedSequence(), ServedToken(), ServedQuestionAnswering(), ServedEmbedding())
 BY_NAME = {k.name: k for k in SERVED}
 
 __all__ = ["BY_NAME", "SERVED", "ServedKind", "served_kind"]

@@ -1,0 +1,156 @@
+"""Sentence embeddings (semantic search, retrieval, deduplication): a text in, one vector out, scored either on
+scored pairs (the STS benchmark: Spearman of the cosine similarity, `pipeline.kinds.scored_pairs`) or on retrieval
+(queries against a pool of documents: recall@1, recall@10, nDCG@10, `pipeline.kinds.retrieval`); the task's metric
+says which. Every text is one feature (a pair's two side by side; a retrieval split's queries, then its
+documents), and a model's row per feature is its pooled, normalised embedding. There are no labels: a student
+learns the teacher's embeddings (the teacher is the base model itself)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.kinds.base import Encoded, Kind, Spec
+from pipeline.kinds.embedding_metric import pair_scores, query_ndcg, relevant_ranks, retrieval_scores
+from pipeline.kinds.records import ROW_FORMATS
+from pipeline.kinds.retrieval import RetrievalSplit, read_retrieval, retrieval_rows
+from pipeline.kinds.scored_pairs import PairSplit, pair_rows, read_pairs
+from pipeline.kinds.sequence import encode_texts
+from serving.artifact import EMBEDDING
+
+PAIR_METRICS = ("spearman", "pearson")
+RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_1", "recall_at_10")
+
+
+def is_retrieval(spec: Spec) -> bool:
+    """A retrieval task (queries and documents), not scored pairs: its metric says so."""
+    return spec.metric in RETRIEVAL_METRICS
+
+
+class SentenceEmbedding(Kind):
+    name = EMBEDDING
+    rows = "embedding"  # a pooled, normalised embedding per text
+    formats: ClassVar[dict[str, str]] = {**ROW_FORMATS, ".json": "squad"}
+    task_file_defaults: ClassVar[dict[str, Any]] = {
+        "text_columns": ["sentence1", "sentence2"],
+        "label_column": "score",
+        "metric": "spearman",
+    }
+    folder_name = "sentence-embedding"
+    hub_name = "Sentence Similarity"
+    example = 'embed(["A man is playing a guitar.", "Someone plays an instrument."])'
+
+    def check_task_file(self, task: Any) -> None:
+        if task.labels:
+            raise ValueError("labels: a sentence-embedding task has none (a student learns the teacher's vectors)")
+        if task.scheme is not None:
+            raise ValueError("scheme: IOB1/IOB2 is for token-classification tasks")
+        if task.metric not in (*PAIR_METRICS, *RETRIEVAL_METRICS):
+            known = ", ".join((*PAIR_METRICS, *RETRIEVAL_METRICS))
+            raise ValueError(f"metric: a sentence-embedding task is scored by one of {known}, not {task.metric}")
+        if task.metric in PAIR_METRICS and (len(task.text_columns) != 2 or not task.label_column):
+            raise ValueError("text_columns: scored pairs name two text columns and a label_column with the score")
+
+    def num_labels(self, spec: Spec) -> int:
+        return 0  # no head: the width of a vector is the model's
+
+    def inputs(self, spec: Spec) -> str:
+        return "texts to embed"
+
+    def predicts(self, spec: Spec) -> str:
+        return "a vector per text"
+
+    def card_description(self, task: dict) -> str:
+        return "sentence-embedding model"
+
+    def read(self, spec: Spec, path: Path) -> PairSplit | RetrievalSplit:
+        if is_retrieval(spec):
+            return read_retrieval(path)
+        return read_pairs(spec, path)
+
+    def hf_columns(self, spec: Spec) -> tuple[str, ...]:
+        return spec.hf_text_columns if is_retrieval(spec) else (*spec.hf_text_columns, "label")
+
+    def hf_split(self, spec: Spec, part: Any, where: str, part_name: str) -> PairSplit | RetrievalSplit:
+        """Scored pairs: the two text columns and `label` (GLUE's stsb: the score); retrieval: a query and its
+        document column (SQuAD's question and context, grouped by `title` where the split has it)."""
+        split = f"{where}: split {part_name}"
+        if is_retrieval(spec):
+            query, document = spec.hf_text_columns
+            titles = part["title"] if "title" in part.column_names else [None] * len(part)
+            rows = zip(part[query], part[document], titles, strict=True)
+            return retrieval_rows(((f"{split}, row {i}", q, d, t) for i, (q, d, t) in enumerate(rows)), split)
+        first, second = spec.hf_text_columns
+        rows = ({first: a, second: b, "label": s} for a, b, s in zip(part[first], part[second], part["label"],
+                                                                         strict=True))  # fmt: skip
+        return pair_rows(((f"{split}, row {i}", row) for i, row in enumerate(rows)), (first, second), "label", split)
+
+    def validation_draw(self, split: PairSplit | RetrievalSplit, n: int, seed: int) -> set[int]:
+        """Scored pairs: a random slice; retrieval: whole groups (a SQuAD article's questions together, so
+        validation searches paragraphs training never saw), until there are n queries, at least one left; the first
+        group is taken whatever its size."""
+        if isinstance(split, PairSplit):
+            return super().validation_draw(split, n, seed)
+        by_group: dict[str, list[int]] = {}
+        for i, group in enumerate(split.query_groups()):
+            by_group.setdefault(group, []).append(i)
+        groups = list(by_group.values())
+        random.Random(seed).shuffle(groups)
+        chosen: set[int] = set()
+        for group in groups:  # a group that would take the draw past twice n is passed over (articles vary ten-fold)
+            if len(chosen) >= n:
+                break
+            if len(chosen) + len(group) < len(split) and (not chosen or len(chosen) + len(group) <= 2 * n):
+                chosen.update(group)
+        return chosen or {0}
+
+    def sharing_texts(self, split: PairSplit | RetrievalSplit, chosen: set[int]) -> set[int]:
+        """Scored pairs: training pairs with a sentence of a validation pair (STS-B's sentences recur in several
+        pairs; a student trained on a validation sentence would flatter validation). Retrieval is carved by whole
+        groups already."""
+        if isinstance(split, RetrievalSplit):
+            return set()
+        held = {text for i in chosen for text in split.pairs[i]}
+        return {i for i, pair in enumerate(split.pairs) if i not in chosen and (pair[0] in held or pair[1] in held)}
+
+    def holds(self, out: Any) -> bool:
+        return hasattr(out, "sentence_embedding")
+
+    def output_rows(self, out: Any, lengths: list[int]) -> list[np.ndarray]:
+        return [row.numpy().copy() for row in out.sentence_embedding.float().cpu()]
+
+    def assemble(self, rows: list[np.ndarray], width: int, device: Any) -> Any:
+        import torch
+
+        from pipeline.kinds.embedding_output import EmbeddingOutput
+
+        return EmbeddingOutput(sentence_embedding=torch.stack([torch.from_numpy(r) for r in rows]).to(device))
+
+    def encode(self, tokenizer: Any, split: PairSplit | RetrievalSplit, max_length: int,
+               stride: int | None = None) -> Encoded:  # fmt: skip
+        texts = split.texts
+        enc = encode_texts(tokenizer, [texts], [None] * len(texts), max_length)
+        return Encoded(enc.features, enc.labels, enc.pad_id, EMBEDDING, split)
+
+    def scores(self, rows: np.ndarray, enc: Encoded) -> dict[str, float]:
+        split = enc.source
+        if isinstance(split, PairSplit):
+            return pair_scores(rows[0::2], rows[1::2], split.scores)
+        return retrieval_scores(self._ranks(rows, split))
+
+    def example_scores(self, rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
+        """Retrieval: each query's nDCG@10; a correlation over pairs has no per-example share (None)."""
+        if isinstance(enc.source, PairSplit):
+            return None
+        return query_ndcg(self._ranks(rows, enc.source))
+
+    @staticmethod
+    def _ranks(rows: np.ndarray, split: RetrievalSplit) -> np.ndarray:
+        n = len(split.queries)
+        if len(rows) != n + len(split.documents):
+            raise PipelineError(f"{len(rows)} embedding rows for {n} queries and {len(split.documents)} documents")
+        return relevant_ranks(rows[:n], rows[n:], split.relevant_rows())
