@@ -12,6 +12,7 @@ from pipeline.compress.shapes import (
     check_target_chain,
     layer_options,
     search_shape,
+    shape_of,
 )
 from pipeline.errors import PipelineError
 from pipeline.request import build_deploy_config
@@ -525,6 +526,31 @@ def test_a_table_that_predicts_wrong_is_corrected_by_timing_the_planned_shape(er
     assert 6.0 <= speed[-1] <= 6.3 and len(checks) >= 2
     kept = next(c for c in checks if (c["layers"], c["heads"], c["ffn"]) == (shape.layers, shape.heads, shape.ffn))
     assert kept["measured_speedup"] >= 6.0 and kept["predicted_speedup"] == shape.predicted_speedup
+
+
+def test_checks_stay_inside_the_bracket_when_noise_gives_neighbours_errors_of_opposite_sign():
+    """As timed on a real 8x plan: the planned shape measured above the window, the next (slower) one below the
+    target; the last error alone would jump to a shape predicted faster than the one already too fast. The next
+    check lies between the two instead, and the shape kept is one that reached the target."""
+    from pipeline.compress.shapes import calibrate
+
+    table, layers, target = synthetic_table(), [1, 2, 3, 4, 5, 6], 6.0
+    first = search_shape(table, target, layers, 0.025)
+
+    def search(factor: float):
+        return search_shape(table, target * factor, layers, 0.025)
+
+    def measure(shape):  # the planned shape 6% faster than the table says, every other 4% slower
+        error = 0.94 if shape == first else 1.04
+        return table.predict_ms(shape.layers, shape.heads, shape.ffn) * error, table.dense_fp32_ms
+
+    shape, checks = calibrate(first, search, measure, target, 0.05, 3)
+    assert checks[0]["measured_speedup"] > 6.3 and checks[1]["measured_speedup"] < 6.0
+    bracket = (checks[1]["predicted_speedup"], checks[0]["predicted_speedup"])
+    assert all(bracket[0] < c["predicted_speedup"] < bracket[1] for c in checks[2:])
+    unbounded = search(checks[1]["predicted_speedup"] / checks[1]["measured_speedup"])
+    assert unbounded.predicted_speedup > bracket[1]  # what the last error alone would have checked
+    assert next(k for k in checks if shape_of(k) == shape)["measured_speedup"] >= 6.0
 
 
 def test_a_table_that_predicts_right_is_checked_once_and_trusted_without_checks():

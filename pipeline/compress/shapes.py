@@ -191,21 +191,29 @@ def calibrate(
     `search(factor)` is the search with the table's predictions read `factor` times too fast (the target times
     `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run, (ms, dense
     ms). A check that misses the target or overshoots the window re-plans with the error it measured at that shape
-    (its predicted over its measured speedup), at most `steps` checks: a check below the target always moves to a
-    faster shape, and a shape checked once is not checked again. Of the checks at or above the target, the one
-    nearest it wins; if none reached it, the fastest measured, with a warning."""
+    (its predicted over its measured speedup), at most `steps` checks, a shape checked once not checked again.
+    The next shape always lies between what the checks bracket: predicted faster than every shape measured below the
+    target, slower than every shape measured above the window. Timing noise of a few percent can give two
+    neighbouring shapes errors of opposite sign, and the last error alone then jumps past a shape already measured
+    too fast; such a move is replaced by the search aimed at the middle of the bracket. Of the checks at or above the
+    target, the one nearest it wins; if none reached it, the fastest measured, with a warning."""
     shape, checks = first, []
+    top = target * (1 + headroom)
     for _ in range(steps):
         ms, dense = measure(shape)
         speed = dense / ms
         checks.append({**shape.as_dict(), "measured_ms": round(ms, 4), "measured_speedup": round(speed, 3)})
-        if target <= speed <= target * (1 + headroom):
+        if target <= speed <= top:
             break
+        slow = max((c["predicted_speedup"] for c in checks if c["measured_speedup"] < target), default=0.0)
+        fast = min((c["predicted_speedup"] for c in checks if c["measured_speedup"] > top), default=math.inf)
         try:
             moved = search(shape.predicted_speedup / speed)
+            if not slow < moved.predicted_speedup < fast and 0 < slow < fast < math.inf:
+                moved = search((slow + fast) / 2 / (target * (1 + headroom / 2)))
         except PipelineError:  # the error puts every shape out of reach: keep what was checked
             break
-        if any(shape_of(c) == moved for c in checks):
+        if any(shape_of(c) == moved for c in checks) or not slow < moved.predicted_speedup < fast:
             break
         shape = moved
     if not checks:

@@ -59,6 +59,30 @@ def scored_by_f1(task: Any) -> None:
         raise ValueError(f"metric: a {task.kind} task is scored by f1, not {task.metric}")
 
 
+def whole_groups(keys: list[str], n: int, seed: int, most: int | None = None) -> set[int]:
+    """The indices of whole groups of examples (examples sharing a key), drawn in a seeded order until there are
+    `n`, at least one example left out. With `most`, a group that would take the draw past `most` is passed over
+    (the first is taken whatever its size); without it, the draw stops at the first group that would leave
+    nothing out."""
+    by_key: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_key.setdefault(key, []).append(i)
+    groups = list(by_key.values())
+    random.Random(seed).shuffle(groups)
+    chosen: set[int] = set()
+    for group in groups:
+        if len(chosen) >= n:
+            break
+        if len(chosen) + len(group) >= len(keys):
+            if most is None:
+                break
+            continue
+        if most is not None and chosen and len(chosen) + len(group) > most:
+            continue
+        chosen.update(group)
+    return chosen or {0}
+
+
 def feature_keys(enc) -> list[str]:
     return [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
 

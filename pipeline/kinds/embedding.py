@@ -7,14 +7,13 @@ learns the teacher's embeddings (the teacher is the base model itself)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.kinds.base import Encoded, Kind, Spec
+from pipeline.kinds.base import Encoded, Kind, Spec, whole_groups
 from pipeline.kinds.embedding_metric import pair_scores, query_ndcg, relevant_ranks, retrieval_scores
 from pipeline.kinds.records import ROW_FORMATS
 from pipeline.kinds.retrieval import RetrievalSplit, read_retrieval, retrieval_rows
@@ -95,18 +94,7 @@ class SentenceEmbedding(Kind):
         group is taken whatever its size."""
         if isinstance(split, PairSplit):
             return super().validation_draw(split, n, seed)
-        by_group: dict[str, list[int]] = {}
-        for i, group in enumerate(split.query_groups()):
-            by_group.setdefault(group, []).append(i)
-        groups = list(by_group.values())
-        random.Random(seed).shuffle(groups)
-        chosen: set[int] = set()
-        for group in groups:  # a group that would take the draw past twice n is passed over (articles vary ten-fold)
-            if len(chosen) >= n:
-                break
-            if len(chosen) + len(group) < len(split) and (not chosen or len(chosen) + len(group) <= 2 * n):
-                chosen.update(group)
-        return chosen or {0}
+        return whole_groups(split.query_groups(), n, seed, most=2 * n)  # articles vary ten-fold in size
 
     def sharing_texts(self, split: PairSplit | RetrievalSplit, chosen: set[int]) -> set[int]:
         """Scored pairs: training pairs with a sentence of a validation pair (STS-B's sentences recur in several

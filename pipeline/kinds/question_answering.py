@@ -7,14 +7,13 @@ exactly as the server (and transformers' pipeline) would answer (`pipeline.kinds
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.kinds.base import Encoded, Kind, Spec, feature_keys, scored_by_f1
+from pipeline.kinds.base import Encoded, Kind, Spec, feature_keys, scored_by_f1, whole_groups
 from pipeline.kinds.squad import QASplit, question_rows, read_qa
 from pipeline.kinds.squad_metric import squad_scores, token_f1
 from serving.artifact import QA
@@ -75,17 +74,7 @@ class QuestionAnswering(Kind):
     def validation_draw(self, split: QASplit, n: int, seed: int) -> set[int]:
         """Questions with their whole context (all the questions of a drawn context, until there are n, at least
         one question left): a validation question whose paragraph was trained on would flatter every choice."""
-        by_context: dict[str, list[int]] = {}
-        for i, q in enumerate(split.questions):
-            by_context.setdefault(q.context, []).append(i)
-        groups = list(by_context.values())
-        random.Random(seed).shuffle(groups)
-        chosen: set[int] = set()
-        for group in groups:
-            if len(chosen) >= n or len(chosen) + len(group) >= len(split):
-                break
-            chosen.update(group)
-        return chosen or {0}
+        return whole_groups([q.context for q in split.questions], n, seed)
 
     def holds(self, out: Any) -> bool:
         return hasattr(out, "start_logits")
