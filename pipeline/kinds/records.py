@@ -20,6 +20,13 @@ def describe(value) -> str:
     return "missing (null)" if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
 
 
+def nonblank_text(value, field: str) -> str:
+    """A non-blank string, else an error naming `field` (the file and its place there)."""
+    if not isinstance(value, str) or not value.strip():
+        raise PipelineError(f"{field} is {'empty' if isinstance(value, str) else describe(value)}; expected text")
+    return value
+
+
 def json_records(path: Path, lines: Iterable[str], fields: tuple[str, ...]) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line; a line that is not a JSON object, or lacks one of
     `fields`, is an error naming the file and the line."""

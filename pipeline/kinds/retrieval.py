@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pipeline.errors import PipelineError
 from pipeline.jsonfile import parse_json
-from pipeline.kinds.records import describe, json_records
+from pipeline.kinds.records import describe, json_records, nonblank_text
 from pipeline.paths import read_utf8
 from serving.artifact import EMBEDDING
 
@@ -69,19 +69,13 @@ class RetrievalSplit:
         h.update(b"\x1d")
 
 
-def _text(value, where: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise PipelineError(f"{where} is {'empty' if isinstance(value, str) else describe(value)}; expected text")
-    return value
-
-
 def retrieval_rows(rows: Iterable[tuple[str, str, str, str | None]], source: object) -> RetrievalSplit:
     """A split from (where, query, document, group) rows; a document's id is its text, its group the row's (the
     document itself when None). A document named in two groups is an error: it could not be in one split alone."""
     queries, relevant, documents, groups = [], [], {}, {}
     for where, query, document, group in rows:
-        queries.append(_text(query, f"{where}: query"))
-        doc = _text(document, f"{where}: document")
+        queries.append(nonblank_text(query, f"{where}: query"))
+        doc = nonblank_text(document, f"{where}: document")
         group = doc if group is None else group
         if groups.setdefault(doc, group) != group:
             raise PipelineError(f"{where}: the document is in group {groups[doc]!r} already, not {group!r}")
@@ -107,7 +101,7 @@ def _from_squad_json(path: Path, text: str) -> RetrievalSplit:
             where = f"{path}: data[{a}].paragraphs[{p}]"
             if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
                 raise PipelineError(f"{where} must be an object with 'context' and a list 'qas'")
-            context = _text(paragraph.get("context"), f"{where}.context")
+            context = nonblank_text(paragraph.get("context"), f"{where}.context")
             for i, qa in enumerate(paragraph["qas"]):
                 question = qa.get("question") if isinstance(qa, dict) else qa
                 rows.append((f"{where}.qas[{i}]", question, context, group))

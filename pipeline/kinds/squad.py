@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from pipeline.errors import PipelineError
 from pipeline.jsonfile import parse_json
-from pipeline.kinds.records import describe, json_records
+from pipeline.kinds.records import describe, json_records, nonblank_text
 from pipeline.paths import read_utf8
 from serving.artifact import QA
 
@@ -127,7 +127,7 @@ def _question(qa: dict, context: str, where: str) -> Question:
     qid = qa.get("id")
     if not isinstance(qid, str | int) or isinstance(qid, bool) or str(qid) == "":
         raise PipelineError(f"{where}: id is {describe(qid)}; expected a non-empty string")
-    question = _text(qa.get("question"), f"{where}: question")
+    question = nonblank_text(qa.get("question"), f"{where}: question")
     answers = tuple(_answers(qa.get("answers"), where))
     if not answers:
         raise PipelineError(f"{where}: no answers (every question needs one)")
@@ -150,7 +150,7 @@ def _answers(raw, where: str):
     for k, answer in enumerate(raw):
         if not isinstance(answer, dict):
             raise PipelineError(f"{where}: answers[{k}] must be an object with text and answer_start")
-        text = _text(answer.get("text"), f"{where}: answers[{k}].text")
+        text = nonblank_text(answer.get("text"), f"{where}: answers[{k}].text")
         start = answer.get("answer_start")
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise PipelineError(f"{where}: answers[{k}].answer_start is {start!r}; expected an "
@@ -160,17 +160,10 @@ def _answers(raw, where: str):
 
 def _context(value, field: str) -> str:
     """A non-blank context of at most `MAX_CONTEXT_CHARS` characters."""
-    context = _text(value, field)
+    context = nonblank_text(value, field)
     if len(context) > MAX_CONTEXT_CHARS:
         raise PipelineError(
             f"{field} has {len(context):,} characters; at most {MAX_CONTEXT_CHARS:,} (split the document into "
             "passages)"
         )
     return context
-
-
-def _text(value, field: str) -> str:
-    """A non-blank string, else an error naming `field` (the file and its place there)."""
-    if not isinstance(value, str) or not value.strip():
-        raise PipelineError(f"{field} is {'empty' if isinstance(value, str) else describe(value)}; expected text")
-    return value
