@@ -63,8 +63,7 @@ class SentenceEmbedder(nn.Module):
         """A freshly initialised model of `config` (its own pooling and projection unless `pooling` is given)."""
         from transformers import AutoModel
 
-        encoder = AutoModel.from_config(config, add_pooling_layer=False) if takes_pooler(config) else \
-            AutoModel.from_config(config)  # fmt: skip
+        encoder = AutoModel.from_config(config, **encoder_options(config))
         width = getattr(config, "sentence_projection", None)
         projection = nn.Linear(config.hidden_size, width) if width else None
         return cls(encoder, pooling or getattr(config, "sentence_pooling", None) or "mean", projection)
@@ -114,15 +113,16 @@ class SentenceEmbedder(nn.Module):
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
-def takes_pooler(config) -> bool:
-    """Families whose base model builds an unused pooler unless told not to (BERT-like): left out, so every weight of
-    the embedder is one it uses."""
+def encoder_options(config) -> dict:
+    """`add_pooling_layer=False` for families whose base model builds an unused pooler unless told not to
+    (BERT-like), so every weight of the embedder is one it uses; nothing for the others."""
     import inspect
 
     from transformers import AutoModel
 
     model_class = AutoModel._model_mapping[type(config)]
-    return "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
+    takes = "add_pooling_layer" in inspect.signature(model_class.__init__).parameters
+    return {"add_pooling_layer": False} if takes else {}
 
 
 def folder_pooling(path: str | Path) -> str:

@@ -102,15 +102,15 @@ def _base_embedder(path: str | Path, config: dict):
     folder's pooling."""
     from transformers import AutoConfig, AutoModel
 
-    from pipeline.models.embedding import SentenceEmbedder, folder_pooling, takes_pooler
+    from pipeline.models.embedding import SentenceEmbedder, encoder_options, folder_pooling
 
     if model_kind(config) == EMBEDDING and ("intermediate_sizes" in config or "layer_heads" in config):
         return load_model(path)
     pooling = folder_pooling(path)
-    no_pooler = {"add_pooling_layer": False} if takes_pooler(AutoConfig.from_pretrained(str(path))) else {}
+    options = encoder_options(AutoConfig.from_pretrained(str(path)))
     try:
         encoder, info = AutoModel.from_pretrained(str(path), output_loading_info=True, use_safetensors=True,
-                                                  **no_pooler)  # fmt: skip
+                                                  **options)  # fmt: skip
     except Exception as e:
         raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
     missing = [k for k in info.get("missing_keys", []) if not k.startswith("pooler.")]
