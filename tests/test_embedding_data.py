@@ -163,3 +163,27 @@ def test_deploying_an_embedding_task_is_refused_in_one_line_until_its_stages_exi
 
     result = cli_deploy("--task", "stsb", "--data-dir", str(SHARED_DATA / "stsb"), "--method", "distill")
     assert_one_line_error(result, "task stsb is a sentence-embedding task")
+
+
+def test_a_base_folder_becomes_an_embedder_with_its_own_pooling_and_its_encoders_weights(tmp_path):
+    """A plain encoder folder (as sentence-transformers ships one, `1_Pooling` beside it) loads as the embedding
+    task's model: the folder's weights, its pooling, no pooler."""
+    from transformers import AutoModel
+
+    from pipeline.models.embedding import SentenceEmbedder
+    from pipeline.models.io import load_base_model
+    from tests.helpers import write_tiny_model_dir
+
+    folder = write_tiny_model_dir(tmp_path / "base", classifier=False)
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    model = load_base_model(folder, get_task("stsb")).eval()
+    assert isinstance(model, SentenceEmbedder) and model.pooling == "cls" and model.projection is None
+    assert not any(name.startswith("bert.pooler") for name in model.state_dict())
+    encoder = AutoModel.from_pretrained(str(folder)).eval()
+    ids = torch.randint(5, 300, (2, 7))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        first = encoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0]
+        got = model(input_ids=ids, attention_mask=mask).sentence_embedding
+    assert torch.allclose(got, torch.nn.functional.normalize(first, dim=-1), atol=1e-6)
