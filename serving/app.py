@@ -30,11 +30,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serving.artifact import SEQUENCE
+from serving.artifact import EMBEDDING, SEQUENCE
 from serving.batcher import MicroBatcher, QueueFull, ShuttingDown
 from serving.binary import HEADER_LENGTH, BinaryError, response_body, split_body, tensor_bytes
 from serving.config import ServerConfig
 from serving.kinds import served_kind
+from serving.kinds.embedding import embed_request
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.validation import Limits, RequestError, decode_json, parse_infer, parse_predict
 
@@ -340,6 +341,13 @@ class Service:
         result = await self._decoded(req.texts, self.served.predict, self.model, req, encoded, rows)
         return json_response(result[0] if req.single else result)
 
+    async def embed(self, request: Request) -> Response:
+        """Text Embeddings Inference's `/embed` (`serving.kinds.embedding.embed_request`): a list of vectors."""
+        body = await read_body(request, self.config.max_body_bytes)
+        req = await self._parsed(body, functools.partial(embed_request, limits=self.limits))
+        _, rows = await self.rows(req.texts)
+        return json_response(self.served.answer(self.model, req.texts, [], rows, None, 0))
+
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -367,6 +375,7 @@ def build_app(config: ServerConfig, model: Model, model_name: str) -> Starlette:
     routes = [
         Route("/predict", s.endpoint("predict", s.predict), methods=["POST"]),
         Route("/metrics", s.endpoint("metrics", s.metrics_page), methods=["GET"]),
+        *([Route("/embed", s.endpoint("embed", s.embed), methods=["POST"])] if s.served.name == EMBEDDING else []),
         Route("/v2", s.endpoint("metadata", s.server_metadata), methods=["GET"]),
     ]
     for prefix in ("/v2/health", "/health"):

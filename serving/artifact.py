@@ -55,9 +55,9 @@ def trained_length(block: dict | None) -> int:
 
 
 def pipeline_tag(kind: str) -> str:
-    """The Hugging Face pipeline (and Optimum export task) of a kind: sequence classification's is
-    `text-classification`."""
-    return "text-classification" if kind == SEQUENCE else kind
+    """The Hugging Face pipeline tag (and Optimum export task) of a kind: sequence classification's is
+    `text-classification`, sentence embeddings' the hub's `sentence-similarity`."""
+    return {SEQUENCE: "text-classification", EMBEDDING: "sentence-similarity"}.get(kind, kind)
 
 
 def kind_of_class(name: str) -> str | None:

@@ -202,10 +202,13 @@ def sample_inputs(seed=0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sample_logits(model, seed=0):
-    """Logits of `sample_inputs(seed)` (torch, no grad); a question-answering head's start and end logits stacked."""
+    """Logits of `sample_inputs(seed)` (torch, no grad); a question-answering head's start and end logits stacked;
+    an embedding model's vectors."""
     ids, mask = sample_inputs(seed)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask)
+    if hasattr(out, "sentence_embedding"):
+        return out.sentence_embedding
     return torch.stack([out.start_logits, out.end_logits], -1) if hasattr(out, "start_logits") else out.logits
 
 

@@ -1,5 +1,5 @@
 """Every registered method, in-process on a tiny model (BERT, with a sequence, token-classification and
-question-answering head; every other family under `e2e`, for time): it
+question-answering head, and as a sentence-embedding model; every other family under `e2e`, for time): it
 applies, leaves no training wrapper behind, returns the model on the CPU, compacts exactly and reloads exactly at
 its per-layer shapes. The same matrix runs on CUDA where
 there is a GPU (`gpu` marker): a method whose loss closes over the teacher must still see it on the training
@@ -23,6 +23,7 @@ from pipeline.kinds.tagged import TaggedSplit
 from pipeline.models.io import auto_class, load_model, save_model
 from tests.helpers import (
     FAMILY_TYPES,
+    SHARED_DATA,
     sample_logits,
     sample_sentences,
     tiny_family_model,
@@ -105,6 +106,24 @@ def _span_context(task: str) -> StageContext:
 @pytest.mark.parametrize("task", ["conll2003", "squad"])
 def test_method_on_token_classification_and_question_answering(name, task, tmp_path):
     _check_method(name, "cpu", "bert", tmp_path, _span_context(task))
+
+
+def _embedding_context() -> StageContext:
+    """A tiny BERT sentence embedder (mean pooling) as its own teacher, over STS-B's first training sentences."""
+    from pipeline.models.embedding import SentenceEmbedder
+
+    spec, tok = get_task("stsb"), tiny_family_tokenizer("bert")
+    torch.manual_seed(0)
+    teacher = SentenceEmbedder.from_config(tiny_model("bert", layers=2).config).eval().requires_grad_(False)
+    split = load_task_data("stsb", data_dir=SHARED_DATA / "stsb", max_train=60, max_dev=8).train
+    return StageContext(teacher=teacher, train=encode(tok, split.head(48), 32),
+                        validation=encode(tok, split.subset(range(48, 60)), 32), task=spec)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(set(MATRIX) - {"none"}))
+def test_method_on_sentence_embeddings(name, tmp_path):
+    """Every method learns the teacher's vectors (no labels), and its student compacts and reloads exactly."""
+    _check_method(name, "cpu", "bert", tmp_path, _embedding_context())
 
 
 @pytest.mark.e2e

@@ -312,6 +312,9 @@ class Gates(FrozenModel):
 
     compaction_atol: float = 1e-5
     onnx_atol: float = 1e-4
+    onnx_min_cosine: float = Field(
+        0.9999, ge=-1, le=1, description="embeddings: the least cosine of an ONNX fp32 vector to torch's (per text)"
+    )
     int8_max_drop: float = Field(
         1.0, ge=0, description="points of the task's metric int8 may lose against ONNX fp32 (validation split)"
     )

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from serving.artifact import SEQUENCE
+from serving.artifact import GRAPHS, HEAD_SUFFIXES, SEQUENCE, pipeline_tag
 
 IGNORED = -100  # a label the loss skips (cross-entropy's ignore_index)
 
@@ -101,6 +101,11 @@ class Kind:
     # the packaged recipe a speed target of at least X runs with when none is named: (X, recipe), ascending; what the
     # notebook measured best for the kind (docs/results.md)
     target_recipes: ClassVar[tuple[tuple[float, str], ...]] = ()
+    # whether the teacher is the base model fine-tuned on the task's labels; else the base model as it is (an
+    # embedding model is its own teacher, a student learns its vectors)
+    fine_tunes_teacher: ClassVar[bool] = True
+    # whether a prediction row is a vector (an embedding), compared by cosine, not by its argmax
+    vectors: ClassVar[bool] = False
 
     # -- the task ------------------------------------------------------------------------------------------------
 
@@ -171,6 +176,29 @@ class Kind:
         """A batch's model output from its rows, padded to `width` tokens (pads read 0; the losses drop them)."""
         raise NotImplementedError
 
+    # -- the artifact --------------------------------------------------------------------------------------------
+
+    def write_layout(self, folder: Path, model: Any, max_length: int) -> list[str]:
+        """Write what this kind's consumers read beside the graphs into the artifact `folder` (its exported
+        `model`, the tokens per text it was made at); the files written (none by default: Optimum's and the
+        server's layout is the graphs, config and tokenizer)."""
+        return []
+
+    def card_usage(self, task: dict) -> list[str]:
+        """The model card's "Use" lines for a model of the task block `task`: Optimum's ORTModel class in
+        transformers' pipeline, on the int8 graph."""
+        tag, ort_class, options = pipeline_tag(self.name), f"ORTModel{HEAD_SUFFIXES[self.name]}", self.pipeline_options
+        return [
+            "```python",
+            f"from optimum.onnxruntime import {ort_class}",
+            "from transformers import AutoTokenizer, pipeline",
+            "",
+            f'model = {ort_class}.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
+            f'classify = pipeline("{tag}", model=model, tokenizer=AutoTokenizer.from_pretrained("."){options})',
+            self.example,
+            "```",
+        ]
+
     # -- encoding and scoring -----------------------------------------------------------------------------------
 
     def encode(self, tokenizer: Any, split: Any, max_length: int, stride: int | None = None) -> Encoded:
@@ -183,6 +211,12 @@ class Kind:
     def scores(self, rows: np.ndarray, enc: Encoded) -> dict[str, float]:
         """The kind's metrics in percent."""
         raise NotImplementedError
+
+    def mixed_scores(self, rows: np.ndarray, reference: np.ndarray, enc: Encoded) -> dict[str, float] | None:
+        """The metrics with one side of each comparison from `rows` (a compressed model's) and the other from
+        `reference` (its teacher's), where the kind's rows are compared with each other (embeddings: student
+        queries against a teacher's index); None for a kind whose rows are scored alone."""
+        return None
 
     def example_scores(self, rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
         """Each example's share of a metric that is a mean over examples, in percent (None: the metric counts the

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from export.sentence_transformers import ST_GRAPHS
 from pipeline.errors import PipelineError
 from pipeline.kinds.base import Encoded, Kind, Spec, whole_groups
 from pipeline.kinds.embedding_metric import pair_scores, query_ndcg, relevant_ranks, retrieval_scores
@@ -19,7 +20,7 @@ from pipeline.kinds.records import ROW_FORMATS
 from pipeline.kinds.retrieval import RetrievalSplit, read_retrieval, retrieval_rows
 from pipeline.kinds.scored_pairs import PairSplit, pair_rows, read_pairs
 from pipeline.kinds.sequence import encode_texts
-from serving.artifact import EMBEDDING
+from serving.artifact import EMBEDDING, GRAPHS
 
 PAIR_METRICS = ("spearman", "pearson")
 RETRIEVAL_METRICS = ("ndcg_at_10", "recall_at_1", "recall_at_10")
@@ -40,8 +41,10 @@ class SentenceEmbedding(Kind):
         "metric": "spearman",
     }
     folder_name = "sentence-embedding"
+    fine_tunes_teacher = False
+    vectors = True
     hub_name = "Sentence Similarity"
-    example = 'embed(["A man is playing a guitar.", "Someone plays an instrument."])'
+    example = 'model.encode(["A man is playing a guitar.", "Someone plays an instrument."])'
 
     def check_task_file(self, task: Any) -> None:
         if task.labels:
@@ -118,6 +121,31 @@ class SentenceEmbedding(Kind):
 
         return EmbeddingOutput(sentence_embedding=torch.stack([torch.from_numpy(r) for r in rows]).to(device))
 
+    def card_usage(self, task: dict) -> list[str]:
+        """sentence-transformers' ONNX backend on the int8 graph, and Text Embeddings Inference on the folder."""
+        return [
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            f'int8 = {{"file_name": "{ST_GRAPHS[GRAPHS["int8"]]}"}}',
+            'model = SentenceTransformer(".", backend="onnx", model_kwargs=int8)',
+            self.example,
+            "```",
+            "",
+            "Text Embeddings Inference serves the folder as it is (`text-embeddings-router --model-id .`, ONNX "
+            f"backend: the root `{GRAPHS['fp32']}`, its `sentence_embedding` output).",
+        ]
+
+    def write_layout(self, folder: Path, model: Any, max_length: int) -> list[str]:
+        """sentence-transformers' files and its names for the graphs (`export.sentence_transformers`)."""
+        from export.onnx import library_versions
+        from export.sentence_transformers import write_layout
+
+        found = library_versions(("sentence-transformers", "transformers", "torch"))
+        versions = {"sentence_transformers": found.get("sentence-transformers", "unknown"),
+                    "transformers": found["transformers"], "pytorch": found["torch"]}  # fmt: skip
+        return write_layout(folder, model.width, model.pooling, max_length, versions)
+
     def encode(self, tokenizer: Any, split: PairSplit | RetrievalSplit, max_length: int,
                stride: int | None = None) -> Encoded:  # fmt: skip
         texts = split.texts
@@ -129,6 +157,16 @@ class SentenceEmbedding(Kind):
         if isinstance(split, PairSplit):
             return pair_scores(rows[0::2], rows[1::2], split.scores)
         return retrieval_scores(self._ranks(rows, split))
+
+    def mixed_scores(self, rows: np.ndarray, reference: np.ndarray, enc: Encoded) -> dict[str, float]:
+        """Retrieval: `rows`' queries searched against `reference`'s documents (an index built with the teacher,
+        queried by the student); scored pairs: each pair's first sentence from `rows`, its second from
+        `reference`."""
+        split = enc.source
+        if isinstance(split, PairSplit):
+            return pair_scores(rows[0::2], reference[1::2], split.scores)
+        n = len(split.queries)
+        return retrieval_scores(relevant_ranks(rows[:n], reference[n:], split.relevant_rows()))
 
     def example_scores(self, rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
         """Retrieval: each query's nDCG@10; a correlation over pairs has no per-example share (None)."""

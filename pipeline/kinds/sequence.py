@@ -145,7 +145,7 @@ class SequenceClassification(Kind):
         return Split(kept_texts, labels)
 
     def holds(self, out: Any) -> bool:
-        return not hasattr(out, "start_logits") and out.logits.dim() == 2
+        return getattr(out, "logits", None) is not None and out.logits.dim() == 2
 
     def output_rows(self, out: Any, lengths: list[int]) -> list[np.ndarray]:
         return [row.numpy().copy() for row in out.logits.float().cpu()]

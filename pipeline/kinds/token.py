@@ -63,7 +63,7 @@ class TokenClassification(Kind):
         return tagged_rows(rows, spec.hf_text_columns[0], spec.label_column, spec.labels, split)
 
     def holds(self, out: Any) -> bool:
-        return not hasattr(out, "start_logits") and out.logits.dim() == 3
+        return getattr(out, "logits", None) is not None and out.logits.dim() == 3
 
     def output_rows(self, out: Any, lengths: list[int]) -> list[np.ndarray]:
         values = out.logits.float().cpu()

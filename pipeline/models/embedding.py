@@ -18,7 +18,6 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.errors import PipelineError
@@ -42,6 +41,12 @@ def pool(tokens: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> to
         return tokens[:, 0]
     mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
     return (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def normalize(vectors: torch.Tensor) -> torch.Tensor:
+    """Each row over its L2 norm (at least 1e-12), as `F.normalize`, in ops ORT's symbolic shape inference (the
+    int8 step's first) can type: `F.normalize` exports an Expand and `norm` a ReduceL2 (axes as an input) it cannot."""
+    return vectors / vectors.square().sum(dim=-1, keepdim=True).sqrt().clamp(min=1e-12)
 
 
 class SentenceEmbedder(nn.Module):
@@ -98,8 +103,8 @@ class SentenceEmbedder(nn.Module):
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                               **kwargs)  # fmt: skip
         tokens = out.last_hidden_state if self.projection is None else self.projection(out.last_hidden_state)
-        embedding = F.normalize(pool(tokens, attention_mask, self.pooling), dim=-1)
-        return EmbeddingOutput(embedding, tokens, out.hidden_states, out.attentions)
+        return EmbeddingOutput(normalize(pool(tokens, attention_mask, self.pooling)), tokens, out.hidden_states,
+                               out.attentions)  # fmt: skip
 
     def save_pretrained(self, path: str | Path, safe_serialization: bool = True, **kwargs) -> None:
         """config.json (the bare encoder's architecture, pooling and projection recorded) and model.safetensors."""

@@ -13,6 +13,7 @@ from pipeline.cache import read_report
 from pipeline.config.schema import ExportSettings
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef
+from pipeline.kinds import kind_of
 from pipeline.models.dense_graphs import dense_graphs
 from pipeline.models.families import family_of
 from pipeline.models.folders import load_tokenizer
@@ -44,6 +45,9 @@ def run(
             model, tokenizer, staging_path, calibration=calibration, fusion=family.ort_fusion
         )
     }
+    layout = kind_of(ref.task.kind).write_layout(staging_path, model, max_length)
+    if layout:
+        report["compressed"]["layout"] = layout
     positions = family.usable_positions(json.loads((staging_path / CONFIG).read_text()))
     # what the server reads: the length it serves at, and the longest its position embeddings take
     stamp_task(staging_path, {**ref.task.describe(), "max_length": max_length, "positions": positions})

@@ -13,8 +13,10 @@ from pipeline.config.schema import Gates
 from pipeline.data.encoding import encode
 from pipeline.data.loaders import DataRef
 from pipeline.errors import GateError
+from pipeline.kinds import kind_of
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
+from pipeline.report import parity_words
 from pipeline.staging import DENSE_GRAPHS, WORK
 from pipeline.train.metrics import predict_logits, scores
 from pipeline.train.parity import ParityReport, compare_logits, onnx_logits
@@ -35,9 +37,9 @@ def gate_failures(
     (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on the validation split, in points."""
     failures = []
     if not parity.passed:
+        cosine = "" if parity.cosine_limit is None else f", least cosine {parity.cosine_limit}"
         failures.append(
-            f"ONNX fp32 vs torch: max |Δ logits| {parity.max_abs_diff:.2e} (limit {gates.onnx_atol:.0e}), "
-            f"argmax agreement {parity.argmax_agreement:.4f}"
+            f"ONNX fp32 vs torch: {parity_words(parity.as_dict())} (limits: max |Δ| {gates.onnx_atol:.0e}{cosine})"
         )
     if int8_drop > gates.int8_max_drop:
         failures.append(f"int8 {metric} {int8_drop:.2f} points below fp32 (limit {gates.int8_max_drop})")
@@ -58,6 +60,7 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
     """
     staging_path = Path(staging)
     data = ref.load()
+    kind = kind_of(data.task.kind)
     tokenizer, teacher_tokenizer = load_tokenizer(staging_path / PYTORCH), load_tokenizer(teacher_dir)
     teacher, compressed = load_model(teacher_dir), load_model(staging_path / PYTORCH)
     splits, logits, metrics = {}, {}, {}
@@ -73,10 +76,15 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
         }
         metrics[name] = {model: scores(v, teacher_enc if model.startswith("teacher") else enc)
                          for model, v in logits[name].items()}  # fmt: skip
+        mixed = {model: kind.mixed_scores(logits[name][model], logits[name]["teacher"], enc)
+                 for model in ("compressed_torch", "onnx_fp32", "onnx_int8")}  # fmt: skip
+        if all(v is not None for v in mixed.values()):  # a student's queries against the teacher's index
+            metrics[name].update({f"{model}_x_teacher": v for model, v in mixed.items()})
         splits[name] = len(split)  # examples (QA: questions, not their windows)
     val = logits["validation"]
-    parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol)
-    teacher_parity = compare_logits(val["teacher"], val["teacher_onnx_fp32"], gates.onnx_atol)
+    cosine = gates.onnx_min_cosine if kind.vectors else None
+    parity = compare_logits(val["compressed_torch"], val["onnx_fp32"], gates.onnx_atol, cosine)
+    teacher_parity = compare_logits(val["teacher"], val["teacher_onnx_fp32"], gates.onnx_atol, cosine)
     chosen = metrics["validation"]
     metric = data.task.metric
     int8_drop = chosen["onnx_fp32"][metric] - chosen["onnx_int8"][metric]

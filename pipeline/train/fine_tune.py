@@ -1,5 +1,6 @@
 """A base model fine-tuned on a task's training split, cached by model, data and recipe: the teacher, and the KD
-teacher made from `--kd-model` (the same build, so the same rules for the cache, stopping and resuming)."""
+teacher made from `--kd-model` (the same build, so the same rules for the cache, stopping and resuming). A kind
+whose teacher is the base model as it is (sentence embeddings) gets it scored on validation, not trained."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from pipeline.cache import cached_stage, dir_digest
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import encode_task
 from pipeline.data.loaders import TaskData
+from pipeline.kinds import kind_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.io import load_base_model, save_model
 from pipeline.train.loop import train
+from pipeline.train.metrics import predict_logits, scores
 
 # Bump when a change alters what the fine-tuning produces, to invalidate its cache entries.
 TEACHER_VERSION = "1"
@@ -26,9 +29,12 @@ def fine_tuned(model_dir: str, data: TaskData, cfg: TrainConfig, cache_dir: str)
         tokenizer = load_tokenizer(model_dir)
         model = load_base_model(model_dir, data.task)
         train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
-        result = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning")
+        if kind_of(data.task.kind).fine_tunes_teacher:
+            report = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning").report()
+        else:
+            report = {"steps": 0, "validation": scores(predict_logits(model, val_enc), val_enc)}
         save_model(model, tokenizer, out)
-        return {**result.report(), "base_model": str(model_dir)}
+        return {**report, "base_model": str(model_dir)}
 
     key = dict(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint,
                cfg=cfg.model_dump())  # fmt: skip

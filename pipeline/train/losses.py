@@ -175,17 +175,40 @@ def prediction_rows(out, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tenso
     return out.logits, labels
 
 
+def embedding_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Embedding KD on pooled vectors (B, D), both normalised: the mean cosine distance of each student vector to
+    its teacher's, plus the MSE between the two in-batch cosine-similarity matrices (B, B), the relations a search
+    ranks by.
+
+    An MSE between two normalised vectors is their cosine distance times 2/D, so it is not a second term. The
+    student's vectors must be in the teacher's space and width (a narrower student's projection puts them there).
+    """
+    if student.dim() != 2 or student.shape != teacher.shape:
+        raise PipelineError(
+            f"student and teacher embeddings must share one (batch, width) shape, got {tuple(student.shape)} and "
+            f"{tuple(teacher.shape)}"
+        )
+    s = F.normalize(student.float(), dim=-1)
+    t = F.normalize(teacher.detach().float(), dim=-1)
+    distance = (1 - (s * t).sum(dim=-1)).mean()
+    return distance + F.mse_loss(s @ s.T, t @ t.T)
+
+
 def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
     """Cross-entropy on labels, mixed with T²-scaled KL to the teacher's logits when `kd_alpha` > 0, plus
-    `layer_kd` × the hidden-state MSE of every layer to its teacher layer (`layer_hidden_mse`) when `layer_kd` > 0."""
-    use_kd = teacher is not None and (cfg.kd_alpha > 0 or cfg.layer_kd > 0)
+    `layer_kd` × the hidden-state MSE of every layer to its teacher layer (`layer_hidden_mse`) when `layer_kd` > 0.
+    A sentence-embedding model (no labels) learns its teacher's embeddings (`embedding_loss`) whatever `kd_alpha`."""
 
     def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
+        embeds = "labels" not in batch
+        use_kd = teacher is not None and (embeds or cfg.kd_alpha > 0 or cfg.layer_kd > 0)
         hidden = use_kd and cfg.layer_kd > 0
         out = model(**inputs, output_hidden_states=hidden)
         rows, labels = prediction_rows(out, batch)
         if not use_kd:
+            if embeds:
+                raise PipelineError("a sentence-embedding model has no labels: it learns from a teacher")
             return F.cross_entropy(rows, labels)
         with torch.no_grad():
             t_out = teacher(**inputs, output_hidden_states=hidden)
@@ -204,7 +227,11 @@ def task_loss(
 ) -> torch.Tensor:
     """(1 − α)·CE + α·T²·KL(teacher ‖ student) at temperature T (α = `kd_alpha`; CE only without teacher logits),
     over `prediction_rows`. CE averages over the labelled rows; a batch of unlabelled rows only (augmented
-    sentences, `train.augment`) has none, and KD alone."""
+    sentences, `train.augment`) has none, and KD alone. Embeddings (no labels at all) take `embedding_loss`."""
+    if labels is None:
+        if t_logits is None:
+            raise PipelineError("a sentence-embedding model has no labels: it learns from a teacher")
+        return embedding_loss(logits, t_logits)
     labelled = labels != IGNORED
     ce = F.cross_entropy(logits[labelled], labels[labelled]) if bool(labelled.any()) else logits.sum() * 0.0
     alpha, t = cfg.kd_alpha, cfg.kd_temperature

@@ -34,25 +34,47 @@ def onnx_logits(path: str | Path, enc: Encoded, batch_size: int = 64) -> np.ndar
 
 @dataclass(frozen=True)
 class ParityReport:
+    """Two models' prediction rows compared: the largest difference, and whether they predict alike: the same
+    class for every row (argmax agreement), or for vectors (embeddings) each row's cosine similarity, the least
+    at or above `cosine_limit`."""
+
     max_abs_diff: float
-    argmax_agreement: float  # fraction of examples with the same predicted class
+    argmax_agreement: float | None  # fraction of examples with the same predicted class; None for vectors
     examples: int
     atol: float | None
+    min_cosine: float | None = None  # vectors: the least cosine similarity of a row to its reference
+    cosine_limit: float | None = None
 
     @property
     def passed(self) -> bool:
-        return self.atol is not None and self.max_abs_diff <= self.atol and self.argmax_agreement == 1.0
+        if self.atol is None or self.max_abs_diff > self.atol:
+            return False
+        if self.cosine_limit is not None:
+            return self.min_cosine is not None and self.min_cosine >= self.cosine_limit
+        return self.argmax_agreement == 1.0
 
     def as_dict(self) -> dict:
         return {**asdict(self), "passed": self.passed}
 
 
-def compare_logits(reference: np.ndarray, candidate: np.ndarray, atol: float | None = None) -> ParityReport:
+def compare_logits(
+    reference: np.ndarray, candidate: np.ndarray, atol: float | None = None, cosine_limit: float | None = None
+) -> ParityReport:
+    """Compare rows of logits by argmax, or, with `cosine_limit`, rows of vectors by each row's cosine."""
     if reference.shape != candidate.shape:
         raise ValueError(f"logit shapes differ: {reference.shape} vs {candidate.shape}")
+    agreement, least = None, None
+    if cosine_limit is None:
+        agreement = float((reference.argmax(-1) == candidate.argmax(-1)).mean())
+    else:
+        ref, cand = reference.astype(np.float64), candidate.astype(np.float64)
+        norms = np.linalg.norm(ref, axis=-1) * np.linalg.norm(cand, axis=-1)
+        least = float(((ref * cand).sum(-1) / np.maximum(norms, 1e-12)).min())
     return ParityReport(
         max_abs_diff=float(np.abs(reference - candidate).max()),
-        argmax_agreement=float((reference.argmax(-1) == candidate.argmax(-1)).mean()),
+        argmax_agreement=agreement,
         examples=int(reference.shape[0]),
         atol=atol,
+        min_cosine=least,
+        cosine_limit=cosine_limit,
     )

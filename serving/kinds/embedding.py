@@ -1,5 +1,8 @@
 """Sentence embeddings served: texts in, one pooled, normalised vector each out (the graph's `sentence_embedding`
-output: pooling and normalisation run inside it)."""
+output: pooling and normalisation run inside it), at `/predict` (as the Hugging Face inference API answers for a
+sentence-transformers model), `/v2/.../infer` (an FP32 `embedding` output [N, D]) and `/embed`, in Text Embeddings
+Inference's shape: `{"inputs": "..." or [...], "normalize": true, "truncate": ...}` answered by a list of vectors,
+one per text, a single string included."""
 
 from __future__ import annotations
 
@@ -9,9 +12,51 @@ import numpy as np
 
 from serving.artifact import EMBEDDING, ArtifactError
 from serving.kinds.base import ServedKind
-from serving.validation import Limits, PredictRequest, check_items, pair_items, unknown_keys
+from serving.validation import (
+    Limits,
+    PredictRequest,
+    RequestError,
+    as_object,
+    check_items,
+    pair_items,
+    type_name,
+    unknown_keys,
+)
 
 EMBEDDING_OUTPUT = "sentence_embedding"  # the graph's pooled, normalised output (beside `last_hidden_state`)
+EMBED_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction")  # what a TEI `/embed` body may say
+
+
+def embed_request(payload: Any, limits: Limits) -> PredictRequest:
+    """A Text Embeddings Inference `/embed` body: `inputs` a string or a list of strings; `normalize` true (the
+    graph's vectors are normalised; false is refused, not answered with other vectors); `truncate` and
+    `truncation_direction` ("Right") are taken as this server works: every text is cut at the model's length from
+    the right, as at `/predict`."""
+    body = as_object(payload, "request body")
+    unknown_keys(body, EMBED_FIELDS, "request body")
+    if "inputs" not in body:
+        raise RequestError(422, "missing field 'inputs' (a string or a list of strings)", "missing_field")
+    if body.get("normalize", True) is not True:
+        raise RequestError(
+            422, "'normalize' must be true: this model's graph gives normalised vectors", "bad_parameter"
+        )
+    if not isinstance(body.get("truncate", True), bool):
+        raise RequestError(
+            422, f"'truncate' must be true or false, not {type_name(body['truncate'])}", "bad_parameter"
+        )
+    if body.get("truncation_direction", "Right") not in ("Right", "right"):
+        raise RequestError(
+            422, "'truncation_direction' must be \"Right\": texts are cut from the right", "bad_parameter"
+        )
+    inputs = body["inputs"]
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    elif not isinstance(inputs, list):
+        raise RequestError(
+            422, f"'inputs' must be a string or a list of strings, not {type_name(inputs)}", "wrong_type"
+        )
+    texts = check_items(pair_items(inputs, "inputs", False), "inputs", limits)
+    return PredictRequest(texts, False, None, "none")
 
 
 class ServedEmbedding(ServedKind):

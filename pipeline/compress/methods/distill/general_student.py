@@ -54,8 +54,13 @@ def build_general_student(
 
     config = student_config(teacher.config, shape["layers"], shape["hidden"], shape["heads"], shape["ffn"])
     torch.manual_seed(seed)
-    with_head = teacher.base_model is not teacher  # a base model is its own base_model
-    student = type(teacher)(config) if with_head else AutoModel.from_config(config)
+    embedder = hasattr(teacher, "pooling")  # pipeline.models.embedding.SentenceEmbedder
+    if embedder:
+        config.sentence_projection = teacher.width if shape["hidden"] != teacher.width else None
+        student = type(teacher).from_config(config)
+    else:
+        with_head = teacher.base_model is not teacher  # a base model is its own base_model
+        student = type(teacher)(config) if with_head else AutoModel.from_config(config)
     if init == "random":
         return student, {"init": "random", "seed": seed}
     keep = keep or pick_layers(len(encoder_layers(teacher)), StudentConfig(layers=shape["layers"]))
@@ -63,11 +68,22 @@ def build_general_student(
     mine, theirs = student.state_dict(), cut.state_dict()
     shared = {k: v for k, v in theirs.items() if k in mine}
     state, hidden_kept = sliced_to(shared, {k: mine[k] for k in shared}, teacher.config.hidden_size)
+    if embedder and student.projection is not None and "projection.weight" not in theirs:
+        state.update(_placing(hidden_kept, student.projection))
     student.load_state_dict({**mine, **state}, strict=True)
     info = {"init": "teacher", "teacher_layers": keep, "hidden_kept": hidden_kept}
-    info["random"] = sorted(set(mine) - set(theirs))
+    info["random"] = sorted(set(mine) - set(theirs) - set(state))
     info["dropped"] = sorted(set(theirs) - set(mine))
     return student, info
+
+
+def _placing(kept: list[int], projection: nn.Linear) -> dict[str, torch.Tensor]:
+    """A narrowed embedder's projection to its teacher's width, started as the map that puts each kept hidden
+    dimension back where it was in the teacher (zero elsewhere, no bias): at step 0 the student's vectors are the
+    teacher's kept dimensions, in the teacher's space."""
+    weight = torch.zeros_like(projection.weight)
+    weight[torch.tensor(kept), torch.arange(len(kept))] = 1.0
+    return {"projection.weight": weight, "projection.bias": torch.zeros_like(projection.bias)}
 
 
 def sliced_to(

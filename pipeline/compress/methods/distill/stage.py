@@ -51,7 +51,8 @@ def distill_loss(
     needs_qkv = bool(cfg.relation or direct is not None)
     layer_kd = cfg.train.layer_kd if task else 0.0
     insides = bool(needs_qkv or cfg.hidden or layer_kd)
-    needs_teacher = bool(insides or (task and cfg.train.kd_alpha > 0))  # else plain fine-tuning
+    # else plain fine-tuning; an embedding student (no labels) always learns the teacher's vectors
+    needs_logits = bool(task and cfg.train.kd_alpha > 0)
     # the stored rows answer the logits; with insides they pass the teacher's hidden states through, and put the
     # KD teacher's logits in (`--kd-teacher`)
     t_model = outputs if outputs is not None else teacher
@@ -60,7 +61,7 @@ def distill_loss(
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         mask = inputs["attention_mask"]
         t_out = t_qkv = None
-        if needs_teacher:
+        if insides or needs_logits or (task and "labels" not in batch):
             with torch.no_grad():
                 t_out = t_model(**inputs, output_hidden_states=True) if insides else t_model(**inputs)
                 t_qkv = _qkv(teacher, t_layer - 1, t_out.hidden_states[t_layer - 1]) if needs_qkv else None
