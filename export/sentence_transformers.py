@@ -59,3 +59,36 @@ def write_layout(folder: str | Path, width: int, pooling: str, max_length: int, 
         except OSError:
             shutil.copy2(folder / src, target)
     return [*files, *ST_GRAPHS.values()]
+
+
+def quantisation_config() -> str:
+    """The config sentence-transformers' quantiser names for this CPU (what its user here would pick): avx512_vnni,
+    avx512, avx2 or arm64."""
+    import platform
+
+    if platform.machine().lower() in ("arm64", "aarch64"):
+        return "arm64"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        flags = set()
+    if "avx512_vnni" in flags or "avx512vnni" in flags:
+        return "avx512_vnni"
+    return "avx512" if "avx512f" in flags else "avx2"
+
+
+def dense_int8_baseline(model_dir: str | Path, out: str | Path) -> dict:
+    """sentence-transformers' own dynamic-int8 ONNX export of the dense model in `model_dir` (its
+    `export_dynamic_quantized_onnx_model`, the int8 graph its users get for free), written to `out`: the benchmark's
+    third baseline. Returns what was made."""
+    import tempfile
+
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    config = quantisation_config()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = SentenceTransformer(str(model_dir), backend="onnx", device="cpu")
+        export_dynamic_quantized_onnx_model(model, config, tmp)
+        made = next(Path(tmp).rglob("*.onnx"))
+        shutil.move(str(made), out)
+    return {"library": "sentence-transformers", "quantization_config": config, "file": Path(out).name}

@@ -184,6 +184,11 @@ class Kind:
         server's layout is the graphs, config and tokenizer)."""
         return []
 
+    def baseline_graphs(self, model_dir: str, work: Path) -> dict:
+        """Write the dense baselines this kind's users have besides the dense fp32 and int8 graphs into `work` (the
+        benchmark times them beside the others); a report of what was made (none by default)."""
+        return {}
+
     def card_usage(self, task: dict) -> list[str]:
         """The model card's "Use" lines for a model of the task block `task`: Optimum's ORTModel class in
         transformers' pipeline, on the int8 graph."""

@@ -136,6 +136,13 @@ class SentenceEmbedding(Kind):
             f"backend: the root `{GRAPHS['fp32']}`, its `sentence_embedding` output).",
         ]
 
+    def baseline_graphs(self, model_dir: str, work: Path) -> dict:
+        """sentence-transformers' own dynamic-int8 export of the dense model (`export.sentence_transformers`)."""
+        from export.sentence_transformers import dense_int8_baseline
+        from pipeline.staging import ST_DENSE_INT8
+
+        return {"dense-int8-st": dense_int8_baseline(model_dir, work / ST_DENSE_INT8)}
+
     def write_layout(self, folder: Path, model: Any, max_length: int) -> list[str]:
         """sentence-transformers' files and its names for the graphs (`export.sentence_transformers`)."""
         from export.onnx import library_versions

@@ -13,7 +13,7 @@ from pipeline.data.encoding import collate, encode
 from pipeline.data.loaders import DataRef
 from pipeline.models.families import arch_of
 from pipeline.models.folders import load_tokenizer, param_count
-from pipeline.staging import DENSE_GRAPHS, WORK
+from pipeline.staging import DENSE_GRAPHS, ST_DENSE_INT8, WORK
 from serving.artifact import CONFIG, GRAPHS, LATENCY_PLOT, PYTORCH, TASK_KEY, trained_length
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ def run(
         "compressed": staging_path / GRAPHS["fp32"],
         "compressed-int8": staging_path / GRAPHS["int8"],
     }
+    if (staging_path / WORK / ST_DENSE_INT8).is_file():  # sentence-transformers' own int8 of the dense model
+        models["dense-int8-st"] = staging_path / WORK / ST_DENSE_INT8
     result = benchmark(models, comp["vocab_size"], settings, interrupts.check)
     ratios = speedups(result, "dense")
     bounds = {s: flops(dense, s) / flops(comp, s) for s in settings.seq_lens}

@@ -1,4 +1,5 @@
-"""The teacher stage: the dense fine-tuned classifier every later stage compares against and distils from."""
+"""The teacher stage: the dense fine-tuned classifier every later stage compares against and distils from (for
+sentence embeddings, the base model itself)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from pipeline.config.schema import TrainConfig
 from pipeline.data.loaders import DataRef
 from pipeline.errors import PipelineError
+from pipeline.kinds import kind_of
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.train.fine_tune import fine_tuned
@@ -28,5 +30,7 @@ def run(model_dir: str, teacher_dir: str | None, ref: DataRef, cfg: TrainConfig,
         load_tokenizer(teacher_dir)
         return {"path": str(Path(teacher_dir).resolve()), "source": "given (--teacher)", "cached": False}
     path, hit, info = fine_tuned(model_dir, data, cfg, cache_dir)
-    log.info("teacher: %s (%s), validation %s", path, "cached" if hit else "fine-tuned now", info.get("validation"))
-    return {"path": str(path), "source": f"fine-tuned from {model_dir}", "cached": hit, **info}
+    made = "fine-tuned" if kind_of(data.task.kind).fine_tunes_teacher else "the base model as it is, scored"
+    log.info("teacher: %s (%s), validation %s", path, "cached" if hit else f"{made} now", info.get("validation"))
+    source = f"fine-tuned from {model_dir}" if made == "fine-tuned" else f"{model_dir} itself (the base model)"
+    return {"path": str(path), "source": source, "cached": hit, **info}
