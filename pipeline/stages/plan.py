@@ -177,12 +177,12 @@ def _probe_source(teacher_dir: str, planned_on: str, arch: Arch) -> nn.Module:
     from pipeline.compress.methods.distill.general_student import build_general_student
     from pipeline.data.tasks import TASKS
     from pipeline.models.folders import head_kind
-    from pipeline.models.io import load_base_model, load_model
+    from pipeline.models.io import load_base_model, load_model, model_kind
 
     if head_kind(json.loads((Path(planned_on) / CONFIG).read_text())):
         model = load_model(planned_on)
     else:
-        kind = head_kind(json.loads((Path(teacher_dir) / CONFIG).read_text()))
+        kind = model_kind(json.loads((Path(teacher_dir) / CONFIG).read_text()))  # a head's, or embeddings
         model = load_base_model(planned_on, next(t for t in TASKS.values() if t.kind == kind))
     if arch.hidden != model.config.hidden_size:
         shape = {"layers": arch.layers, "hidden": arch.hidden, "heads": arch.heads, "ffn": arch.ffn}
