@@ -158,13 +158,6 @@ def test_a_users_embedding_task_files_load_and_a_classifier_metric_is_kept_to_it
         load_task_file(file)
 
 
-def test_deploying_an_embedding_task_is_refused_in_one_line_until_its_stages_exist():
-    from tests.helpers import assert_one_line_error, cli_deploy
-
-    result = cli_deploy("--task", "stsb", "--data-dir", str(SHARED_DATA / "stsb"), "--method", "distill")
-    assert_one_line_error(result, "task stsb is a sentence-embedding task")
-
-
 def test_a_base_folder_becomes_an_embedder_with_its_own_pooling_and_its_encoders_weights(tmp_path):
     """A plain encoder folder (as sentence-transformers ships one, `1_Pooling` beside it) loads as the embedding
     task's model: the folder's weights, its pooling, no pooler."""
