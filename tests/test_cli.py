@@ -432,6 +432,7 @@ def test_live_gates(base_dirs, tmp_path):
     assert validation["gates"] == {
         "compaction_atol": 1e-5,
         "onnx_atol": 1e-4,
+        "onnx_min_cosine": 0.9999,
         "int8_max_drop": 1.0,
         "max_metric_drop": 3.0,
     }
