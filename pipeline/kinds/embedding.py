@@ -172,8 +172,7 @@ class SentenceEmbedding(Kind):
         split = enc.source
         if isinstance(split, PairSplit):
             return pair_scores(rows[0::2], reference[1::2], split.scores)
-        n = len(split.queries)
-        return retrieval_scores(relevant_ranks(rows[:n], reference[n:], split.relevant_rows()))
+        return retrieval_scores(self._ranks(rows, split, reference))
 
     def example_scores(self, rows: np.ndarray, enc: Encoded) -> np.ndarray | None:
         """Retrieval: each query's nDCG@10; a correlation over pairs has no per-example share (None)."""
@@ -182,8 +181,12 @@ class SentenceEmbedding(Kind):
         return query_ndcg(self._ranks(rows, enc.source))
 
     @staticmethod
-    def _ranks(rows: np.ndarray, split: RetrievalSplit) -> np.ndarray:
+    def _ranks(rows: np.ndarray, split: RetrievalSplit, documents: np.ndarray | None = None) -> np.ndarray:
+        """Each query's relevant rank, its query from `rows` and the documents from `documents`' rows (default:
+        `rows`' own)."""
         n = len(split.queries)
-        if len(rows) != n + len(split.documents):
-            raise PipelineError(f"{len(rows)} embedding rows for {n} queries and {len(split.documents)} documents")
-        return relevant_ranks(rows[:n], rows[n:], split.relevant_rows())
+        documents = rows if documents is None else documents
+        for r in (rows, documents):
+            if len(r) != n + len(split.documents):
+                raise PipelineError(f"{len(r)} embedding rows for {n} queries and {len(split.documents)} documents")
+        return relevant_ranks(rows[:n], documents[n:], split.relevant_rows())

@@ -206,10 +206,8 @@ def classification_loss(teacher: nn.Module | None, cfg: TrainConfig) -> LossFn:
         hidden = use_kd and cfg.layer_kd > 0
         out = model(**inputs, output_hidden_states=hidden)
         rows, labels = prediction_rows(out, batch)
-        if not use_kd:
-            if embeds:
-                raise PipelineError("a sentence-embedding model has no labels: it learns from a teacher")
-            return F.cross_entropy(rows, labels)
+        if not use_kd:  # task_loss refuses an embedding batch without a teacher's vectors
+            return task_loss(rows, None, None, cfg) if embeds else F.cross_entropy(rows, labels)
         with torch.no_grad():
             t_out = teacher(**inputs, output_hidden_states=hidden)
         loss = task_loss(rows, labels, prediction_rows(t_out, batch)[0], cfg)
