@@ -345,8 +345,9 @@ class TargetConfig(KeyStableModel):
         speedup: the target ratio (None: no target; the recipe's own sparsity applies).
         batch, seq: the input shape the target is stated at (the benchmark's headline).
         headroom: the window above the target the measured speed may land in: the plan aims at its middle, and a
-            timing check that lands outside it moves the shape (`checks`). Measured speed spreads about ±2% run to
-            run on a quiet machine; the table's prediction was 4-6% off on some machines, which the checks remove.
+            timing check outside the window's middle half moves the shape (`checks`). Measured speed spreads about
+            2-3% run to run on a quiet 2-core machine; the table's prediction was 4-6% off on some machines, which
+            the checks remove.
         checks: before any training, the planned shape's int8 graph (the teacher's weights cut to it) is exported
             and timed against the dense fp32 teacher, at most this many times: a check outside the window re-plans
             with the error it measured (`pipeline.compress.shapes.calibrate`). Cached per shape and machine, as the
