@@ -143,6 +143,13 @@ def deploy(
             "parquet/JSONL/CSV files named by split)."
         ),
     ] = None,
+    corpus: Annotated[
+        str | None,
+        typer.Option(
+            help="Sentence-embedding tasks: a folder of .txt files, one sentence or paragraph a line, added to the "
+            "task's own texts as unlabelled training sentences (the first data.corpus_lines of them)."
+        ),
+    ] = None,
     hub: Annotated[
         bool, typer.Option("--hub", help="The task's Hugging Face dataset (online, or from the local datasets cache).")
     ] = False,
@@ -359,6 +366,10 @@ def evaluate(
         str | None,
         typer.Option(help="Refuse the artifact unless it is signed and its signature verifies with this public key."),
     ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option(help="Sentence-embedding artifacts: score on this other built-in embedding task instead."),
+    ] = None,
 ) -> None:
     """Score an artifact's ONNX graphs (fp32 and int8) on a labelled split of its task; prints JSON. The artifact
     must match its manifest, as for serving."""
@@ -366,7 +377,7 @@ def evaluate(
     def run() -> dict:
         from pipeline.evaluate import evaluate_artifact
 
-        return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file, trust_key)
+        return evaluate_artifact(Path(artifact), data_dir, split, max_examples, task_file, trust_key, task)
 
     typer.echo(json.dumps(_guarded(run), indent=2))
 

@@ -14,7 +14,17 @@ from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.train.metrics import scores
 from pipeline.train.parity import onnx_logits
-from serving.artifact import CONFIG, GRAPHS, MANIFEST, REPORT_JSON, TOKENIZER, ArtifactError, read_manifest, verify
+from serving.artifact import (
+    CONFIG,
+    EMBEDDING,
+    GRAPHS,
+    MANIFEST,
+    REPORT_JSON,
+    TOKENIZER,
+    ArtifactError,
+    read_manifest,
+    verify,
+)
 
 
 def evaluate_artifact(
@@ -24,12 +34,15 @@ def evaluate_artifact(
     max_examples: int | None = None,
     task_file: str | None = None,
     trust_key: str | None = None,
+    task_name: str | None = None,
 ) -> dict:
     """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
     as the artifact was validated (its report's max_length). The validation split is carved with the run's own
     data settings (the manifest's config), so `--split validation` is the split its gates saw. A user's task
     reads the files its definition names (the manifest's), or those of `task_file` (the same task, moved). The
-    artifact is checked as the server checks it: its files against the manifest, its signature with `trust_key`."""
+    artifact is checked as the server checks it: its files against the manifest, its signature with `trust_key`.
+    `task_name`: another built-in task of the same kind, for embedders only (vectors answer any embedding task: an
+    STS-B student scored on SQuAD retrieval)."""
     artifact = Path(artifact)
     if not (artifact / REPORT_JSON).is_file() or not (artifact / MANIFEST).is_file():
         raise PipelineError(f"{artifact} is not an artifact folder (no {REPORT_JSON} and {MANIFEST})")
@@ -48,6 +61,14 @@ def evaluate_artifact(
         if custom.name != report["task"]:
             raise PipelineError(f"{task_file} defines task {custom.name!r}; the artifact is for {report['task']!r}")
     task = task_spec(report["task"], custom)
+    if task_name is not None and task_name != task.name:
+        other = task_spec(task_name, None)
+        if not task.kind == other.kind == EMBEDDING:
+            raise PipelineError(
+                f"--task {task_name} is {other.kind}: an artifact is scored on another task only when both are "
+                f"{EMBEDDING} tasks (this one: {task.kind}, {task.name})"
+            )
+        task, custom = other, None
     source = resolve_source(task, data_dir, False)
     ref = DataRef(task, source, str(Path(data_dir).resolve()) if data_dir else None, validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)

@@ -166,6 +166,7 @@ class DeployRequest(BaseModel):
     kd_teacher: str | None = None  # a stronger classifier of the task: output KD distils its logits
     kd_model: str | None = None  # a stronger base model: the kd_teacher stage fine-tunes it into one
     data_dir: str | None = None
+    corpus: str | None = None  # unlabelled sentences added to a sentence-embedding task's training split
     output_dir: str = "artifacts"
     cache_dir: str
     data_source: str
@@ -178,7 +179,8 @@ class DeployRequest(BaseModel):
     @property
     def data(self) -> DataRef:
         limits = self.config.data
-        return DataRef(self.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation)
+        return DataRef(self.task, self.data_source, self.data_dir, limits.max_train, limits.max_dev, limits.validation,
+                       self.corpus, limits.corpus_lines)  # fmt: skip
 
 
 def resolve_task(task: str | None, task_file: str | Path | None) -> tuple[str, CustomTask | None]:
@@ -203,6 +205,7 @@ def prepare_request(
     kd_teacher: str | None = None,
     kd_model: str | None = None,
     data_dir: str | None = None,
+    corpus: str | None = None,
     hub: bool = False,
     output_dir: str = "artifacts",
     cache_dir: str | None = None,
@@ -262,6 +265,7 @@ def prepare_request(
         kd_teacher=kd_teacher,
         kd_model=kd_model,
         data_dir=str(Path(data_dir).resolve()) if data_dir else None,
+        corpus=str(Path(corpus).resolve()) if corpus else None,
         output_dir=str(Path(output_dir).resolve()),
         cache_dir=str(cache.resolve()),
         data_source=resolve_source(spec, data_dir, hub),

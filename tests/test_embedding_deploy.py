@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from pipeline.errors import PipelineError
 from tests.helpers import SHARED_DATA, ThreadServer, json_error, quick_deploy, write_tiny_model_dir
 from tests.test_chains import CHAIN_BUDGET
 
@@ -24,8 +25,12 @@ def artifact(tmp_path_factory):
     base = write_tiny_model_dir(tmp / "base", classifier=False, layers=4, heads=4)
     (base / "1_Pooling").mkdir()
     (base / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
-    task = ("--task", "stsb", "--data-dir", str(SHARED_DATA / "stsb"))
-    _, out = quick_deploy("distill+smp", base, tmp, *CHAIN_BUDGET, task=task)
+    corpus = tmp / "corpus"  # unlabelled sentences beside the task's own texts: the first 40 Wikipedia paragraphs
+    corpus.mkdir()
+    with (SHARED_DATA / "corpus" / "wiki_en.txt").open() as f:
+        (corpus / "wiki.txt").write_text("".join(next(f) for _ in range(60)))
+    task = ("--task", "stsb", "--data-dir", str(SHARED_DATA / "stsb"), "--corpus", str(corpus))
+    _, out = quick_deploy("distill+smp", base, tmp, *CHAIN_BUDGET, "--set", "data.corpus_lines=40", task=task)
     return out
 
 
@@ -62,6 +67,8 @@ def test_the_artifact_has_both_outputs_pooling_inside_and_the_embedders_layout(a
     manifest = json.loads((artifact / "manifest.json").read_text())["files"]
     assert {"modules.json", "onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"} <= set(manifest)
     report = json.loads((artifact / "report.json").read_text())
+    data = report["data"]
+    assert data["corpus"]["lines"] == 40 and data["corpus"]["files"] == 1  # --corpus, cut at data.corpus_lines
     assert report["teacher"]["steps"] == 0  # the base model is its own teacher, scored, not fine-tuned
     parity = report["validation"]["onnx_parity"]
     assert parity["argmax_agreement"] is None and parity["min_cosine"] >= 0.9999
@@ -70,6 +77,36 @@ def test_the_artifact_has_both_outputs_pooling_inside_and_the_embedders_layout(a
     assert "dense-int8-st" in {r["model"] for r in report["speed"]["speedups"]}
     card = (artifact / "README.md").read_text()
     assert "pipeline_tag: sentence-similarity" in card and 'backend="onnx"' in card
+
+
+def test_a_corpus_adds_unlabelled_sentences_to_training_and_only_embedding_tasks_take_one(tmp_path):
+    """`--corpus`: the task's own texts, then the corpus lines (what the student distils the teacher's vectors on);
+    validation and dev stay the scored pairs. A classification task refuses it in one line."""
+    from pipeline.data.loaders import DataRef
+    from pipeline.data.tasks import get_task
+
+    (tmp_path / "a.txt").write_text("First sentence.\n\nSecond sentence.\n")
+    plain = DataRef(get_task("stsb"), "tsv", str(SHARED_DATA / "stsb"), max_train=100).load()
+    data = DataRef(get_task("stsb"), "tsv", str(SHARED_DATA / "stsb"), max_train=100, corpus=str(tmp_path)).load()
+    assert data.train.texts == [*plain.train.texts, "First sentence.", "Second sentence."]
+    assert data.validation == plain.validation and data.dev == plain.dev
+    assert data.fingerprint != plain.fingerprint and data.describe()["corpus"]["lines"] == 2
+    with pytest.raises(PipelineError, match="--corpus gives unlabelled sentences to sentence-embedding tasks; task "
+                       "sst2 is sequence-classification"):  # fmt: skip
+        DataRef(get_task("sst2"), "sample", corpus=str(tmp_path)).load()
+
+
+def test_an_embedder_is_scored_on_another_embedding_task_and_only_on_one(artifact):
+    """`pipeline evaluate --task squad-retrieval` on an STS-B artifact: its vectors rank SQuAD paragraphs; a
+    classification task is refused in one line."""
+    from pipeline.evaluate import evaluate_artifact
+
+    squad = str(SHARED_DATA / "squad")
+    result = evaluate_artifact(artifact, squad, "dev", 20, task_name="squad-retrieval")
+    assert result["task"] == "squad-retrieval" and result["examples"] == 20
+    assert {"ndcg_at_10", "recall_at_1", "recall_at_10"} <= set(result["metrics"]["onnx_int8"])
+    with pytest.raises(PipelineError, match="--task sst2 is sequence-classification: an artifact is scored on"):
+        evaluate_artifact(artifact, None, "dev", 20, task_name="sst2")
 
 
 def test_the_graphs_vectors_are_its_cls_token_pooled_and_normalised(artifact):

@@ -258,6 +258,8 @@ class DataLimits(KeyStableModel):
             (SST-2: 0.86), else `example`.
         max_train: a seeded random subset of the rest of train.
         max_dev: the first N of dev.
+        corpus_lines: of a `--corpus` (unlabelled sentences for a sentence-embedding task's training split), the
+            first this many lines.
     """
 
     validation_size: int = Field(2000, ge=1)
@@ -266,10 +268,11 @@ class DataLimits(KeyStableModel):
     validation_unit: Literal["auto", "example", "sentence"] = "auto"
     max_train: int | None = Field(None, ge=1)
     max_dev: int | None = Field(None, ge=1)
+    corpus_lines: int = Field(20_000, ge=1)
 
     # `auto` left unsaid: data that does not leak resolves it to `example`, the old default, whose configs said
     # nothing either, so their cached stages keep their keys; leaking data gets another split, so another key
-    newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "auto"}
+    newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "auto", "corpus_lines": 20_000}
 
     @property
     def validation(self) -> tuple[int, float, int, str]:

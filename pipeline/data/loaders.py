@@ -15,6 +15,7 @@ source is recorded in `TaskData.source`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -33,6 +34,7 @@ from pipeline.kinds import kind_of
 from pipeline.kinds.sequence import Split
 from pipeline.kinds.squad import QASplit
 from pipeline.kinds.tagged import TaggedSplit
+from serving.artifact import EMBEDDING
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class TaskData:
     validation_unit: str = "example"  # as carved: `example` or `sentence` (`auto` resolved)
     dropped_from_train: int = 0  # training texts inside a validation sentence (`validation_unit` sentence)
     random_slice_inside: float | None = None  # `auto` chose sentences: the share of a random slice inside train
+    corpus: dict | None = None  # unlabelled sentences added to train (`--corpus`): folder, lines, sha256
 
     @property
     def fingerprint(self) -> str:
@@ -93,6 +96,7 @@ class TaskData:
                 "sha256": h.hexdigest(),
                 **unit,
             },
+            **({"corpus": self.corpus} if self.corpus else {}),
             "fingerprint": self.fingerprint,
         }
 
@@ -213,6 +217,23 @@ def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = Fals
         )
         return "sample"
     raise PipelineError(f"no data for task {spec.name!r} (no sample ships for it): pass --data-dir DIR or --hub")
+
+
+def with_corpus(data: TaskData, folder: str, max_lines: int | None) -> TaskData:
+    """`data` whose training split is its own texts followed by the first `max_lines` lines of the corpus `folder`,
+    unlabelled (a sentence-embedding student learns the teacher's vectors, not scores); validation and dev as
+    they were."""
+    from pipeline.data.corpus import read_corpus
+    from pipeline.kinds.sentences import SentenceSplit
+
+    if data.task.kind != EMBEDDING:
+        raise PipelineError(
+            f"--corpus gives unlabelled sentences to sentence-embedding tasks; task {data.task.name} is "
+            f"{data.task.kind}"
+        )
+    corpus = read_corpus(folder, max_lines)
+    about = {"folder": folder, "lines": len(corpus), "files": len(corpus.files), "sha256": corpus.fingerprint}
+    return dataclasses.replace(data, train=SentenceSplit(data.train.texts + corpus.texts), corpus=about)
 
 
 def _limit(split: AnySplit, n: int | None, shuffle: bool) -> AnySplit:
@@ -378,6 +399,9 @@ class DataRef:
     max_train: int | None = None
     max_dev: int | None = None
     validation: tuple[int, float, int, str] = DEFAULT_VALIDATION  # (most examples, most fraction, seed, unit)
+    corpus: str | None = None  # a folder of unlabelled sentences for a sentence-embedding task's training split
+    corpus_lines: int | None = None  # the first this many of them
 
     def load(self) -> TaskData:
-        return load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)
+        data = load_task_data(self.task, self.data_dir, self.max_train, self.max_dev, self.source, self.validation)
+        return data if self.corpus is None else with_corpus(data, self.corpus, self.corpus_lines)
