@@ -184,9 +184,10 @@ class Kind:
         server's layout is the graphs, config and tokenizer)."""
         return []
 
-    def baseline_graphs(self, model_dir: str, work: Path) -> dict:
+    def baseline_graphs(self, model_dir: str, work: Path, cache_dir: str) -> dict:
         """Write the dense baselines this kind's users have besides the dense fp32 and int8 graphs into `work` (the
-        benchmark times them beside the others); a report of what was made (none by default)."""
+        benchmark times them beside the others; made once per teacher in `cache_dir`); a report of what was made
+        (none by default)."""
         return {}
 
     def card_usage(self, task: dict) -> list[str]:

@@ -55,7 +55,7 @@ def run(
     for name in DENSE_GRAPHS.values():
         shutil.copy2(entry / name, staging_path / WORK / name)  # a copy: the run never touches the cache entry
     report["dense"] = {**read_report(entry), "cached": hit}
-    baselines = kind_of(ref.task.kind).baseline_graphs(teacher_dir, staging_path / WORK)
+    baselines = kind_of(ref.task.kind).baseline_graphs(teacher_dir, staging_path / WORK, cache_dir)
     if baselines:
         report["baselines"] = baselines
     log.info("dense teacher ONNX: %s (%s)", entry, "cached" if hit else "exported now")
