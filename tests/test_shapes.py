@@ -470,6 +470,7 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
         ("sst2", 8, "long", None),  # a named recipe wins
         ("conll2003", 4, None, "conll2003"),  # token tasks
         ("squad", 4, None, None),  # question answering: its own per-task recipe, nothing measured better yet
+        ("stsb", 4, None, "embedding"),  # sentence embeddings: longer recovery
     ],
 )
 def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):

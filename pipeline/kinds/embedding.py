@@ -43,6 +43,7 @@ class SentenceEmbedding(Kind):
     folder_name = "sentence-embedding"
     fine_tunes_teacher = False
     vectors = True
+    target_recipes = ((1.0, "embedding"),)  # vectors need recovery's 3,000 steps (STS-B at 4x: -3.30 -> -2.50)
     hub_name = "Sentence Similarity"
     example = 'model.encode(["A man is playing a guitar.", "Someone plays an instrument."])'
 
