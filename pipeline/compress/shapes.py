@@ -186,20 +186,20 @@ def calibrate(
     steps: int,
 ) -> tuple[Shape, list[dict[str, Any]]]:
     """The searched shape `first`, checked by timing it, and moved until a check lands in the middle of the window
-    [target, target x (1 + headroom)]: returns the shape and the checks (each: the shape, its predicted and measured
-    speedups).
+    [target, target x (1 + headroom)]: returns the shape and the checks (each: the shape, its predicted and
+    measured speedups).
 
     `search(factor)` is the search with the table's predictions read `factor` times too fast (the target times
-    `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run, (ms, dense
-    ms). A check outside the window's middle half re-plans with the error it measured at that shape (its predicted
-    over its measured speedup), at most `steps` checks, a shape checked once not checked again: the artifact is
-    timed again after training, and a check that only just reached the target misses it there with noise of a few
-    percent (a 6x check read 6.08x, the same shape 5.77-5.96x after). The next shape always lies between what the
-    checks bracket: predicted faster than every shape measured slower than the aim, slower than every shape measured
-    faster. Timing noise can give two neighbouring shapes errors of opposite sign, and the last error alone then
-    jumps past a shape already measured on the other side; such a move is replaced by the search aimed at the middle
-    of the bracket. Of the checks inside the window, the one nearest its middle wins; if none, the slowest that
-    reached the target; if none reached it, the fastest measured, with a warning."""
+    `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run, (ms, dense ms).
+    A check outside the window's middle half re-plans with the error it measured at that shape (its predicted over
+    its measured speedup), at most `steps` checks, a shape checked once not checked again: the artifact is timed
+    again after training, and a check that only just reached the target misses it there with noise of a few percent
+    (a 6x check read 6.08x; the trained artifact of that shape 5.76-6.03x, docs/results.md). The next shape always
+    lies between what the checks bracket: predicted faster than every shape measured slower than the aim, slower
+    than every shape measured faster. Timing noise can give two neighbouring shapes errors of opposite sign, and
+    the last error alone then jumps past a shape already measured on the other side; such a move is replaced by the
+    search aimed at the middle of the bracket. Of the checks inside the window, the one nearest its middle wins; if
+    none, the slowest that reached the target; if none reached it, the fastest measured, with a warning."""
     shape, checks = first, []
     top, aim = target * (1 + headroom), target * (1 + headroom / 2)
     band = (target * (1 + headroom / 4), target * (1 + 3 * headroom / 4))  # the window's middle half
