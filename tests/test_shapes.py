@@ -100,6 +100,22 @@ def test_the_balanced_objective_widens_the_narrowest_dimension_first(target):
     assert search_shape(t, 2.0, layers) == search_shape(t, 2.0, layers, objective="weights")  # loose: the same
 
 
+@pytest.mark.parametrize("target", [3.0, 4.0, 6.0])
+def test_the_widths_objective_sheds_layers_before_it_masks(target):
+    """`widths` (the embedding recipe's) keeps the widest heads and FFN of any allowed depth, then the deepest: the
+    shallowest depth allowed is as wide as any other, and nothing that meets the target is wider."""
+    t, layers = synthetic_table(), [3, 4, 5, 6]
+    widths, balanced = search_shape(t, target, layers, objective="widths"), search_shape(t, target, layers)
+    assert t.dense_fp32_ms / t.predict_ms(widths.layers, widths.heads, widths.ffn) >= target
+    narrowest = min(widths.heads / 12, widths.ffn / 1536)
+    assert narrowest >= min(balanced.heads / 12, balanced.ffn / 1536) and widths.layers <= balanced.layers
+    for n in layers:
+        for heads in range(1, 13):
+            for ffn in range(32, 1537, 32):
+                if t.dense_fp32_ms / t.predict_ms(n, heads, ffn) >= target:
+                    assert min(heads / 12, ffn / 1536) <= narrowest + 1e-9
+
+
 def test_the_balanced_objective_counts_a_narrower_hidden_size_as_a_fraction_kept():
     from pipeline.compress.shapes import balance, search_widths
 
@@ -470,7 +486,7 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
         ("sst2", 8, "long", None),  # a named recipe wins
         ("conll2003", 4, None, "conll2003"),  # token tasks
         ("squad", 4, None, None),  # question answering: its own per-task recipe, nothing measured better yet
-        ("stsb", 4, None, "embedding"),  # sentence embeddings: longer recovery
+        ("stsb", 4, None, "embedding"),  # sentence embeddings: layers before widths, longer recovery
     ],
 )
 def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):
