@@ -102,8 +102,8 @@ def test_the_balanced_objective_widens_the_narrowest_dimension_first(target):
 
 @pytest.mark.parametrize("target", [3.0, 4.0, 6.0])
 def test_the_widths_objective_sheds_layers_before_it_masks(target):
-    """`widths` (the embedding recipe's) keeps the widest heads and FFN of any allowed depth, then the deepest: the
-    shallowest depth allowed is as wide as any other, and nothing that meets the target is wider."""
+    """`widths` (the embedding recipe's) keeps the widest heads and FFN of any allowed depth: at least as wide as
+    the balanced plan and no deeper, and nothing that meets the target is wider."""
     t, layers = synthetic_table(), [3, 4, 5, 6]
     widths, balanced = search_shape(t, target, layers, objective="widths"), search_shape(t, target, layers)
     assert t.dense_fp32_ms / t.predict_ms(widths.layers, widths.heads, widths.ffn) >= target

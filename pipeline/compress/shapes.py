@@ -91,24 +91,28 @@ def kept_weights(table: LatencyTable, layers: int, heads: int, ffn: int) -> int:
     return layers * (4 * hidden * head_dim * heads + 2 * hidden * ffn)
 
 
-def balance(shape: Shape, table: LatencyTable, widest: int, depth: bool = True) -> float:
-    """The smallest fraction the shape keeps of the teacher's layers (unless not `depth`), heads, FFN neurons and
-    hidden size (`widest`: the teacher's): the bottleneck the `balanced` objective widens first."""
-    t = table.teacher
-    fractions = (shape.heads / t["heads"], shape.ffn / t["ffn"], t["hidden"] / widest)
-    fractions += (shape.layers / t["layers"],) if depth else ()
-    return round(min(fractions), 6)  # rounded: equal fractions of different units compare equal
+def width_kept(shape: Shape, table: LatencyTable, widest: int) -> float:
+    """The smallest fraction the shape keeps of the teacher's heads, FFN neurons and hidden size (`widest`: the
+    teacher's): the bottleneck the `widths` objective widens first."""
+    t = table.teacher  # rounded: equal fractions of different units compare equal
+    return round(min(shape.heads / t["heads"], shape.ffn / t["ffn"], t["hidden"] / widest), 6)
+
+
+def balance(shape: Shape, table: LatencyTable, widest: int) -> float:
+    """`width_kept`, or the fraction of the teacher's layers kept where that is smaller: the bottleneck the
+    `balanced` objective widens first."""
+    return min(width_kept(shape, table, widest), round(shape.layers / table.teacher["layers"], 6))
 
 
 def rank(shape: Shape, table: LatencyTable, widest: int, objective: str) -> tuple:
     """The search's order (larger is better): `weights` keeps the most encoder weights (more layers, then the
     wider, on a tie); `balanced` keeps the largest smallest fraction (`balance`), then the most layers, then the
-    most weights; `widths` the largest smallest fraction of the widths alone (heads, FFN, hidden), then the most
-    layers: it sheds layers (down to `target.min_depth`) before it masks."""
+    most weights; `widths` the largest `width_kept`, then the most layers: it sheds layers (down to
+    `target.min_depth`) before it masks."""
     if objective == "balanced":
         return balance(shape, table, widest), shape.layers, shape.params
     if objective == "widths":
-        return balance(shape, table, widest, depth=False), shape.layers, shape.params
+        return width_kept(shape, table, widest), shape.layers, shape.params
     return shape.params, shape.hidden, shape.layers
 
 
