@@ -1,14 +1,15 @@
 """ONNX export of an in-memory (compacted) model, ORT transformer fusion, and dynamic int8 quantisation.
 
-We export the in-memory model with optimum's `onnx_export_from_model`: reloading a compacted folder through
-transformers would fail on per-layer widths. Optimum's TorchScript-based exporter is kept on purpose: ORT's
-attention fusion does not recognise graphs from the dynamo exporter.
+We export the in-memory model ourselves (`export_onnx`): reloading a compacted folder through a stock loader would
+fail on per-layer widths, and an exporter library's pins would hold back the transformers users have. The graph's
+names and axes are Optimum's, so its `ORTModelFor*` classes load the artifact as their own export. TorchScript's
+tracer on purpose: ORT's attention fusion does not recognise graphs from the dynamo exporter.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import copy
 import logging
 import shutil
 import tempfile
@@ -18,12 +19,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from export.int8 import REDUCE_RANGE
-from serving.artifact import kind_of_class, pipeline_tag
+from serving.artifact import EMBEDDING, QA, SEQUENCE, TOKEN, kind_of_class
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
-EXPORT_LIBRARIES = ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
+EXPORT_LIBRARIES = ("torch", "transformers", "onnx", "onnxruntime")  # what makes the graphs (a dense-graph cache key)
 
 
 def library_versions(names: tuple[str, ...] = EXPORT_LIBRARIES) -> dict[str, str]:
@@ -46,59 +47,57 @@ def library_versions(names: tuple[str, ...] = EXPORT_LIBRARIES) -> dict[str, str
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence the exporter's tracer warnings and the quantiser's root-logger advice (both expected here)."""
-    from optimum.utils import logging as optimum_logging
     from transformers.utils import logging as hf_logging
 
-    libs = [(lib, lib.get_verbosity()) for lib in (hf_logging, optimum_logging)]
+    verbosity = hf_logging.get_verbosity()
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)
-    for lib, _ in libs:
-        lib.set_verbosity_error()
+    hf_logging.set_verbosity_error()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         root.setLevel(level)
-        for lib, old in libs:
-            lib.set_verbosity(old)
+        hf_logging.set_verbosity(verbosity)
 
 
 EMBEDDING_OUTPUTS = ("last_hidden_state", "sentence_embedding")
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")  # Optimum's order, which the server feeds by name
+BATCH, TOKENS = {0: "batch_size"}, {0: "batch_size", 1: "sequence_length"}  # Optimum's axis names
+# Each head's graph outputs, named and shaped as Optimum's exporter writes them (what `ORTModelFor*` reads).
+HEAD_OUTPUTS = {
+    SEQUENCE: {"logits": BATCH},
+    TOKEN: {"logits": TOKENS},
+    QA: {"start_logits": TOKENS, "end_logits": TOKENS},
+    EMBEDDING: {"last_hidden_state": TOKENS, "sentence_embedding": BATCH},
+}
 
 
 def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Path:
-    """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with config and tokenizer. The
-    graph's outputs are its head's: `logits` (sequence or token classification) or `start_logits` and `end_logits`
-    (question answering), Optimum's task inferred from the model's class; a sentence-embedding model's are
-    `last_hidden_state` and `sentence_embedding` (`export_embedding_onnx`)."""
-    out_dir = Path(out_dir)
-    if hasattr(model, "pooling"):  # pipeline.models.embedding.SentenceEmbedder: no task head for Optimum to name
-        export_embedding_onnx(model, tokenizer, out_dir, opset)
-    else:
-        from optimum.exporters.onnx import onnx_export_from_model
+    """Export `model` to `out_dir/model.onnx` (dynamic batch and sequence axes) with its config and tokenizer.
 
-        with _quiet():
-            onnx_export_from_model(model.eval(), out_dir, task=optimum_task(model), opset=opset, do_validation=False)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out_dir))
-    return out_dir / "model.onnx"
+    The graph's outputs are its head's (`HEAD_OUTPUTS`, the kind read from the model's class): `logits` (sequence
+    or token classification), `start_logits` and `end_logits` (question answering), or for a sentence-embedding
+    model `last_hidden_state` (B, T, D), every token after any projection (what sentence-transformers' ONNX backend
+    reads, pooling in torch), and `sentence_embedding` (B, D), pooled and normalised in the graph (what Text
+    Embeddings Inference and the server read). Names, order and axes are Optimum's, so `ORTModelFor*` and
+    sentence-transformers load the folder as their own export; config.json is the model's (an embedder's
+    architecture the bare encoder's).
 
-
-def export_embedding_onnx(model, tokenizer, out_dir: Path, opset: int = OPSET) -> Path:
-    """A sentence-embedding model as one graph with two outputs: `last_hidden_state` (B, T, D), every token after
-    any projection (what sentence-transformers' ONNX backend reads, pooling in torch), and `sentence_embedding`
-    (B, D), pooled and normalised in the graph (what Text Embeddings Inference and the server read). Its inputs
-    are the tokenizer's (without one, those the encoder's forward takes), in Optimum's order; config.json is the
-    model's (its architecture the bare encoder's).
-
-    TorchScript's exporter, as Optimum's: ORT's attention fusion recognises its graphs, not the dynamo exporter's.
-    The wrapper is put in eval mode itself: the exporter restores the wrapper's mode after tracing, and a fresh
-    module's is training, which would leave `model`'s dropout on.
+    `torch.onnx.export` with TorchScript's tracer (`dynamo=False`), as Optimum's exporter does: ORT's attention
+    fusion recognises its graphs, not the dynamo exporter's; doing it here keeps artifact production free of
+    optimum's pins (its releases trail transformers'). The wrapper is put in eval mode itself: the exporter
+    restores the wrapper's mode after tracing, and a fresh module's is training, which would leave `model`'s
+    dropout on.
     """
     import torch
+
+    out_dir = Path(out_dir)
+    kind = EMBEDDING if hasattr(model, "pooling") else head_kind(model)  # SentenceEmbedder: no task head
+    outputs = HEAD_OUTPUTS[kind]
+    names = graph_inputs(model.config)
 
     class Outputs(torch.nn.Module):
         def __init__(self, inner) -> None:
@@ -107,47 +106,49 @@ def export_embedding_onnx(model, tokenizer, out_dir: Path, opset: int = OPSET) -
 
         def forward(self, *args):
             out = self.inner(**dict(zip(names, args, strict=True)))
-            return out.last_hidden_state, out.sentence_embedding
+            return tuple(getattr(out, name) for name in outputs)
 
-    takes = (
-        tokenizer.model_input_names
-        if tokenizer is not None
-        else inspect.signature(model.base_model.forward).parameters
-    )
-    names = [n for n in INPUT_ORDER if n in takes]
     ids = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     sample = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "model.onnx"
-    axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names}
-    axes.update(
-        {"last_hidden_state": {0: "batch_size", 1: "sequence_length"}, "sentence_embedding": {0: "batch_size"}}
-    )
     with _quiet(), torch.no_grad():
         torch.onnx.export(
             Outputs(model).eval(),
             tuple(sample[n] for n in names),
             str(path),
             input_names=names,
-            output_names=list(EMBEDDING_OUTPUTS),
-            dynamic_axes=axes,
+            output_names=list(outputs),
+            dynamic_axes={**dict.fromkeys(names, TOKENS), **outputs},
             opset_version=opset,
+            do_constant_folding=True,
             dynamo=False,
         )
-    model.config.architectures = [type(model.base_model).__name__]
-    model.config.save_pretrained(str(out_dir))
+    config = copy.deepcopy(model.config)  # as `save_pretrained` writes it: the architecture is the exported class
+    config.architectures = [type(model.base_model if kind == EMBEDDING else model).__name__]
+    config.save_pretrained(str(out_dir))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
     return path
 
 
-def optimum_task(model) -> str:
-    """Optimum's task for a transformers model with a task head (its class says which)."""
+def graph_inputs(config) -> list[str]:
+    """The graph's inputs, in Optimum's order: `token_type_ids` only where the model has segment types to tell
+    apart (BERT's and ELECTRA's two; RoBERTa's single type and DeBERTa-v2's none make it a constant), as Optimum's
+    per-family export configs decide."""
+    types = getattr(config, "type_vocab_size", 0) or 0
+    return [n for n in INPUT_ORDER if n != "token_type_ids" or types > 1]
+
+
+def head_kind(model) -> str:
+    """The task kind of a transformers model with a task head (its class says which)."""
     kind = kind_of_class(type(model).__name__)
     if kind is None:
         raise ValueError(f"{type(model).__name__} has no sequence-classification, token-classification or "
                          "question-answering head")  # fmt: skip
-    return pipeline_tag(kind)
+    return kind
 
 
 def _pruned_heads_notice(record: logging.LogRecord) -> bool:

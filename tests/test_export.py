@@ -1,6 +1,7 @@
 """ONNX export parity for non-uniform models, int8 quantisation, and the validation gates."""
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,6 +55,24 @@ def test_exported_graph_has_dynamic_batch_and_sequence(tmp_path):
     for inp in graph.input:
         dims = inp.type.tensor_type.shape.dim
         assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
+
+
+def test_an_artifact_is_made_without_optimum_installed(tmp_path):
+    """Export, fusion and int8 import nothing from optimum: a process where it cannot be imported makes both
+    graphs (Optimum is a reader of the artifact, not a maker of it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['optimum'] = None\n"
+        "from export.onnx import export_optimized\n"
+        "from tests.helpers import tiny_model, tiny_tokenizer\n"
+        "print(export_optimized(tiny_model('bert'), tiny_tokenizer('bert'), sys.argv[1])['fused_ops']['Attention'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "2" and (tmp_path / "model.int8.onnx").is_file()
 
 
 def test_compare_logits():

@@ -137,6 +137,32 @@ def test_onnx_graph_matches_torch(family, tmp_path):
 
 
 @each_family
+@pytest.mark.parametrize("head", ["token", "qa"])
+def test_span_heads_export_under_optimums_names_and_match_torch(family, head, tmp_path):
+    """Token and QA heads of every family export with the outputs and axes Optimum's exporter writes (ModernBERT's
+    QA head too, which Optimum's exporter refuses), and every output matches torch."""
+    from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification
+
+    cls = AutoModelForTokenClassification if head == "token" else AutoModelForQuestionAnswering
+    model = cls.from_config(tiny_family_model(family).config).eval()
+    export_optimized(model, None, tmp_path, fusion=family_of(model).ort_fusion)
+    ids, mask = sample_inputs()
+    feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    outputs = {o.name: o.shape for o in session.get_outputs()}
+    tokens = ["batch_size", "sequence_length"]
+    want = {"logits": [*tokens, 2]} if head == "token" else {"start_logits": tokens, "end_logits": tokens}
+    assert outputs == want
+    got = session.run(list(outputs), {n: feeds[n] for n in names})
+    with torch.no_grad():
+        ref = model(**{n: torch.from_numpy(feeds[n]) for n in names})
+    for name, value in zip(outputs, got, strict=True):
+        assert np.abs(value - getattr(ref, name).numpy()).max() <= 1e-4, name
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [type(model).__name__]
+
+
+@each_family
 def test_ort_fuses_what_the_family_says(family, tmp_path):
     """The adapter's `ort_fuses` is what ORT's fuser (`ort_fusion`) gives its graphs: every named fusion is there,
     and attention is fused exactly where it is named (the families table in the README reads from them)."""
