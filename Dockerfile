@@ -45,13 +45,15 @@ RUN if ! command -v python3 >/dev/null; then \
     fi && python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /app
-# torch first, from the PyTorch wheel index for the chosen device (PyPI's default build pulls CUDA packages).
-RUN pip install "torch==2.13.0" --index-url "https://download.pytorch.org/whl/${TORCH_INDEX}"
+# torch first, the lock's release from the PyTorch wheel index for the chosen device (PyPI's default build pulls
+# CUDA packages); then the project at the lock's versions (requirements/lock.txt), as CI installs it.
+COPY requirements ./requirements
+RUN pip install -r requirements/torch-cpu.txt --index-url "https://download.pytorch.org/whl/${TORCH_INDEX}"
 COPY pyproject.toml README.md ./
 COPY pipeline ./pipeline
 COPY flows ./flows
 COPY export ./export
 COPY serving ./serving
-RUN pip install . && pipeline --help >/dev/null
+RUN pip install -c requirements/lock.txt . && pipeline --help >/dev/null
 ENTRYPOINT ["pipeline"]
 CMD ["deploy", "--method", "mlp_fusion", "--task", "sst2"]
