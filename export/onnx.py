@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from export.attention_graph import eager_attention, name_heads
 from export.int8 import REDUCE_RANGE
 from serving.artifact import EMBEDDING, QA, SEQUENCE, TOKEN, kind_of_class
 
@@ -90,7 +91,7 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
     fusion recognises its graphs, not the dynamo exporter's; doing it here keeps artifact production free of
     optimum's pins (its releases trail transformers'). The wrapper is put in eval mode itself: the exporter
     restores the wrapper's mode after tracing, and a fresh module's is training, which would leave `model`'s
-    dropout on.
+    dropout on. The attention is traced in the form ORT's fuser recognises (`export.attention_graph`).
     """
     import torch
 
@@ -114,7 +115,7 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
     sample = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "model.onnx"
-    with _quiet(), torch.no_grad():
+    with _quiet(), torch.no_grad(), eager_attention(model):
         torch.onnx.export(
             Outputs(model).eval(),
             tuple(sample[n] for n in names),
@@ -126,6 +127,7 @@ def export_onnx(model, tokenizer, out_dir: str | Path, opset: int = OPSET) -> Pa
             do_constant_folding=True,
             dynamo=False,
         )
+    name_heads(path)
     config = copy.deepcopy(model.config)  # as `save_pretrained` writes it: the architecture is the exported class
     config.architectures = [type(model.base_model if kind == EMBEDDING else model).__name__]
     config.save_pretrained(str(out_dir))

@@ -57,6 +57,41 @@ def test_exported_graph_has_dynamic_batch_and_sequence(tmp_path):
         assert [d.dim_param for d in dims] == ["batch_size", "sequence_length"]
 
 
+def test_name_heads_writes_each_projections_head_count_where_the_graph_says_minus_one(tmp_path):
+    """transformers 5 traces the Q/K/V reshapes as (batch, tokens, -1, head size), which ORT's attention fuser cannot
+    count: `name_heads` writes each projection's own count (its width over the head size: 3 heads, and 1 where a
+    layer kept one), and the graph computes the same values."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from export.attention_graph import name_heads
+
+    class Projections(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.full, self.pruned = torch.nn.Linear(32, 48), torch.nn.Linear(32, 16)
+
+        def forward(self, x):
+            b, t = x.shape[:2]
+            return tuple(p(x).view(b, t, -1, 16).transpose(1, 2) for p in (self.full, self.pruned))
+
+    path = tmp_path / "heads.onnx"
+    x = torch.randn(2, 5, 32)
+    axes = {"x": {0: "b", 1: "t"}}
+    torch.onnx.export(Projections().eval(), (x,), str(path), input_names=["x"], dynamic_axes=axes, dynamo=False)
+    feed = {"x": torch.randn(3, 7, 32).numpy()}
+    before = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+    assert name_heads(path) == 2 and name_heads(path) == 0  # the second pass finds nothing left to name
+    graph = onnx.load(str(path)).graph
+    counts = sorted(int(numpy_helper.to_array(t)[0]) for t in graph.initializer if t.name.endswith("/heads"))
+    assert counts == [1, 3]
+    after = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feed)
+    for a, b in zip(before, after, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [a.shape[1] for a in after] == [3, 1]
+
+
 def test_an_artifact_is_made_without_optimum_installed(tmp_path):
     """Export, fusion and int8 import nothing from optimum: a process where it cannot be imported makes both
     graphs (Optimum is a reader of the artifact, not a maker of it)."""
