@@ -271,6 +271,39 @@ def test_every_third_party_import_is_a_declared_dependency():
     assert not missing, "imported but not declared:\n" + "\n".join(sorted(missing))
 
 
+def test_the_lock_satisfies_the_ranges_and_the_serving_lock_follows_it():
+    """requirements/lock.txt pins a version inside every range pyproject.toml states, its extras' too (a range
+    edited without a new lock fails here), and the serving image's own lock pins what it shares with it at the
+    same versions."""
+    import re
+
+    import pytest
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    def pins(path: Path) -> dict[str, str]:
+        found = re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", path.read_text(), re.M)
+        return {canonicalize_name(name): version for name, version in found}
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    lock = pins(ROOT / "requirements" / "lock.txt")
+    wrong = []
+    for line in [*project["dependencies"], *extras["dev"], *extras["serve"]]:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        pinned = lock.get(canonicalize_name(req.name))
+        if pinned is None or not req.specifier.contains(pinned, prereleases=True):
+            wrong.append(f"{req.name}{req.specifier}: the lock has {pinned}")
+    assert not wrong, "requirements/lock.txt is out of step with pyproject.toml:\n" + "\n".join(wrong)
+    serving = pins(ROOT / "serving" / "requirements.txt")
+    apart = {name: (version, lock[name]) for name, version in serving.items() if lock.get(name, version) != version}
+    assert not apart, f"serving/requirements.txt differs from the lock: {apart}"
+
+
 def test_only_the_artifact_contract_is_imported_from_the_server():
     assert uphill_imports({"pipeline.stages.package": {"serving.artifact"}}) == []
     assert uphill_imports({"pipeline.stages.package": {"serving.session"}}) == [
