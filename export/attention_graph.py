@@ -38,9 +38,9 @@ def eager_attention(model) -> Iterator[None]:
 
 
 def name_heads(path: str | Path) -> int:
-    """Write the head count into every reshape of `path`'s graph whose shape is (…, …, -1, head size) and whose input
-    is a projection with a known width (MatMul, then Add of its bias); returns how many were named. The graph
-    computes the same values: -1 stood for exactly that count."""
+    """Write the head count into every reshape of `path`'s graph whose shape is (batch, tokens, -1, head size), batch
+    and tokens read at run time, and whose input is a projection with a known width (MatMul, then Add of its bias);
+    returns how many were named. The graph computes the same values: -1 stood for exactly that count."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -72,6 +72,8 @@ def name_heads(path: str | Path) -> int:
         shape = producer.get(node.input[1]) if node.op_type == "Reshape" else None
         if shape is None or shape.op_type != "Concat" or len(shape.input) != 4:
             continue
+        if constant(shape.input[0]) is not None or constant(shape.input[1]) is not None:
+            continue  # not (batch, tokens, ...): only there does -1 stand for the projection's width over the size
         heads, size = constant(shape.input[2]), constant(shape.input[3])
         if heads is None or size is None or heads.size != 1 or int(heads.reshape(-1)[0]) != -1:
             continue
