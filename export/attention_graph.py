@@ -75,12 +75,12 @@ def name_heads(path: str | Path) -> int:
         if constant(shape.input[0]) is not None or constant(shape.input[1]) is not None:
             continue  # not (batch, tokens, ...): only there does -1 stand for the projection's width over the size
         heads, size = constant(shape.input[2]), constant(shape.input[3])
-        if heads is None or size is None or heads.size != 1 or int(heads.reshape(-1)[0]) != -1:
+        if heads is None or size is None or heads.size != 1 or size.size != 1 or int(heads.item()) != -1:
             continue
-        projected = width(node.input[0])
-        if not projected or projected % int(size.reshape(-1)[0]):
+        projected, size = width(node.input[0]), int(size.item())
+        if not projected or projected % size:
             continue
-        count = np.array([projected // int(size.reshape(-1)[0])], dtype=np.int64)
+        count = np.array([projected // size], dtype=np.int64)
         name = f"{node.name or node.output[0]}/heads"
         graph.initializer.append(numpy_helper.from_array(count, name))
         shape.input[2] = name

@@ -64,7 +64,6 @@ def _quiet() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
 
 
-EMBEDDING_OUTPUTS = ("last_hidden_state", "sentence_embedding")
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")  # Optimum's order, which the server feeds by name
 BATCH, TOKENS = {0: "batch_size"}, {0: "batch_size", 1: "sequence_length"}  # Optimum's axis names
 # Each head's graph outputs, named and shaped as Optimum's exporter writes them (what `ORTModelFor*` reads).
