@@ -16,14 +16,14 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.models.families.base import transformers_5
+
 
 @contextlib.contextmanager
 def eager_attention(model) -> Iterator[None]:
     """`model` (and every config below it) on transformers' eager attention while inside; transformers 4.x as it
     is (its default graphs fuse)."""
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) < 5:
+    if not transformers_5():
         yield
         return
     configs = {id(m.config): m.config for m in model.modules() if hasattr(getattr(m, "config", None), "to_dict")}

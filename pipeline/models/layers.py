@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.models.families import Family, family_of
+from pipeline.models.families.base import transformers_5
 
 
 class ScaledLinear(nn.Linear):
@@ -88,7 +89,7 @@ class HeadlessAttention(nn.Module):
         prefix = family.attention + "."
         writer = attention.get_submodule(family.head_writer.path.removeprefix(prefix))
         hidden = writer.out_features
-        self.always_pair = family.always_pair
+        self.always_pair = family.always_pair or transformers_5()  # 5.x's blocks unpack (output, weights)
         self.bias_path = family.head_writer.path.removeprefix(prefix)
         if writer.bias is not None:
             _place(self, self.bias_path, _Bias(writer.bias.detach().clone()))

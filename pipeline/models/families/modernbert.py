@@ -1,7 +1,12 @@
 """ModernBERT: pre-norm blocks, one fused `Wqkv` ([3, heads, head size] rows), rotary positions, local (sliding
 window) or global attention per layer, a gated FFN (`Wi` holds the up-projection and the gate, so a neuron is two
 rows of `Wi` and one column of `Wo`), and usually no biases. The first block has no attention norm; which blocks
-are global and which have that norm is saved per layer, so a student cut from any layers rebuilds as it was."""
+are global and which have that norm is saved per layer, so a student cut from any layers rebuilds as it was.
+
+transformers 4.x builds a layer's attention from `layer_id` (global every n-th) and keeps `num_heads` and
+`local_attention` on it; 5.x reads each layer's type from `config.layer_types` (a block's `attention_type`, the
+attention's `sliding_window`) and counts heads from the fused matrix. Both are absorbed here: heads are counted
+from `Wqkv`, and the saved record is kept in `layer_types` too, so either release rebuilds what the other saved."""
 
 from __future__ import annotations
 
@@ -14,6 +19,13 @@ if TYPE_CHECKING:
     from torch import nn
 
 GLOBAL, NORM = "layer_global_attention", "layer_attention_norm"
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers 5's layer types
+
+
+def _is_global(block: nn.Module) -> bool:
+    if hasattr(block, "attention_type"):  # transformers 5
+        return block.attention_type == FULL
+    return getattr(block.attn, "local_attention", (-1, -1)) == (-1, -1)  # a headless layer has no window
 
 
 class ModernBert(Family):
@@ -42,11 +54,17 @@ class ModernBert(Family):
         return block.attn.head_dim
 
     def _count(self, counts: nn.Module) -> int:
-        return counts.num_heads
+        return counts.Wqkv.out_features // (3 * counts.head_dim)  # 5.x keeps no head count; 4.x's agrees
 
     def set_heads_(self, block: nn.Module, n: int) -> None:
-        block.attn.num_heads = n
-        block.attn.all_head_size = block.attn.num_heads * block.attn.head_dim
+        if hasattr(block.attn, "num_heads"):  # 4.x sizes its reshapes from these; 5.x reshapes to -1 heads
+            block.attn.num_heads = n
+            block.attn.all_head_size = n * block.attn.head_dim
+
+    def set_layers_(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        super().set_layers_(model, blocks)
+        if getattr(model.config, "layer_types", None) is not None:  # 5.x: one type per layer, as the blocks are
+            model.config.layer_types = [FULL if _is_global(b) else SLIDING for b in blocks]
 
     def qkv(self, block: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = block.attn.Wqkv(block.attn_norm(hidden)).chunk(3, dim=-1)  # pre-norm: the block normalises first
@@ -56,19 +74,26 @@ class ModernBert(Family):
         from torch import nn
 
         blocks = self.layers(model)
-        return {
-            GLOBAL: [getattr(b.attn, "local_attention", (-1, -1)) == (-1, -1) for b in blocks],
+        record = {
+            GLOBAL: [_is_global(b) for b in blocks],
             NORM: [not isinstance(b.attn_norm, nn.Identity) for b in blocks],
         }
+        if getattr(model.config, "layer_types", None) is not None:
+            record["layer_types"] = [FULL if g else SLIDING for g in record[GLOBAL]]
+        return record
 
     def rebuild_(self, model: nn.Module) -> None:
         from torch import nn
-        from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
 
         config = model.config
         record = {key: getattr(config, key, None) for key in (GLOBAL, NORM)}
+        v5 = getattr(config, "layer_types", None) is not None
+        if v5 and record[GLOBAL] is not None:
+            self._retype_(model, record[GLOBAL])
         for i, block in enumerate(self.layers(model)):
-            if record[GLOBAL] is not None and record[GLOBAL][i] != (block.attn.local_attention == (-1, -1)):
+            if not v5 and record[GLOBAL] is not None and record[GLOBAL][i] != _is_global(block):
+                from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
+
                 # layer_id 0 builds a global layer (rotary base and window included), 1 a local one
                 block.attn = ModernBertAttention(config, layer_id=0 if record[GLOBAL][i] else 1)
             if record[NORM] is not None and record[NORM][i] == isinstance(block.attn_norm, nn.Identity):
@@ -77,6 +102,22 @@ class ModernBert(Family):
                     if record[NORM][i]
                     else nn.Identity()
                 )
+
+    def _retype_(self, model: nn.Module, is_global: list[bool]) -> None:
+        """5.x: each layer's type as recorded (a config saved by 4.x has no `layer_types`, so the model was built
+        with every n-th layer global); the attention's window and the rotary tables follow the type."""
+        from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
+
+        config = model.config
+        types = [FULL if g else SLIDING for g in is_global]
+        rebuilt = set(types) != set(config.layer_types)
+        config.layer_types = types
+        for block, kind in zip(self.layers(model), types, strict=True):
+            block.attention_type = kind
+            block.attn.sliding_window = None if kind == FULL else config.sliding_window + 1
+        if rebuilt:  # the rotary module holds one table per layer type it was built with
+            base = model.base_model
+            base.rotary_emb = ModernBertRotaryEmbedding(config).to(base.embeddings.tok_embeddings.weight.device)
 
     def check(self, config: dict[str, Any]) -> str | None:
         if config.get("global_attn_every_n_layers", 1) < 2 and False in (config.get(GLOBAL) or []):

@@ -17,15 +17,23 @@ if TYPE_CHECKING:
 @functools.cache
 def _selected_heads_attention() -> type:
     """MPNet self-attention over a subset of the heads it was built with, `kept_heads` (indices into the bias)."""
+    import inspect
+
     from transformers.models.mpnet.modeling_mpnet import MPNetSelfAttention
+
+    # 4.x takes (hidden_states, attention_mask, head_mask, position_bias, ...), 5.x drops head_mask: the bias is
+    # found by name in whichever signature is installed
+    signature = inspect.signature(MPNetSelfAttention.forward)
 
     class SelectedHeadsAttention(MPNetSelfAttention):
         kept_heads: torch.Tensor
 
-        def forward(self, hidden_states, attention_mask=None, head_mask=None, position_bias=None, *args, **kwargs):
-            if position_bias is not None:
-                position_bias = position_bias.index_select(1, self.kept_heads)
-            return super().forward(hidden_states, attention_mask, head_mask, position_bias, *args, **kwargs)
+        def forward(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            bias = bound.arguments.get("position_bias")
+            if bias is not None:
+                bound.arguments["position_bias"] = bias.index_select(1, self.kept_heads)
+            return super().forward(*bound.args[1:], **bound.kwargs)
 
     return SelectedHeadsAttention
 
