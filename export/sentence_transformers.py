@@ -77,6 +77,21 @@ def quantisation_config() -> str:
     return "avx512" if "avx512f" in flags else "avx2"
 
 
+def st_onnx_missing() -> str | None:
+    """Why sentence-transformers' ONNX backend cannot run here (None: it can). It imports optimum-onnx, whose
+    releases so far require transformers < 4.58; the artifact itself never needs it."""
+    try:
+        import optimum.onnxruntime  # noqa: F401
+    except ImportError:
+        from importlib.metadata import version
+
+        return (
+            "sentence-transformers' ONNX export needs optimum-onnx (`pip install optimum-onnx[onnxruntime]`), "
+            f"which requires transformers < 4.58 (installed: {version('transformers')})"
+        )
+    return None
+
+
 def dense_int8_baseline(model_dir: str | Path, out: str | Path) -> dict:
     """sentence-transformers' own dynamic-int8 ONNX export of the dense model in `model_dir` (its
     `export_dynamic_quantized_onnx_model`, the int8 graph its users get for free), written to `out`: the benchmark's

@@ -396,9 +396,10 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
     from export.onnx import export_optimized
     from pipeline.data.tasks import SEQUENCE, get_task
     from pipeline.models.families import family_of
-    from pipeline.models.io import auto_class
+    from pipeline.models.io import auto_class, save_model
     from pipeline.stages.package import run as publish
     from pipeline.staging import new_staging, stamp_task
+    from serving.artifact import PYTORCH
 
     spec = get_task(task)
     model = tiny_model("bert", num_labels=max(2, spec.num_labels))
@@ -409,6 +410,7 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
         model = auto_class(spec.kind).from_config(model.config).eval()
     staging = new_staging(base, final.name)
     export_optimized(model, tiny_tokenizer("bert"), staging)
+    save_model(model, None, staging / PYTORCH)  # the torch model beside the graphs, as a deploy publishes it
     positions = family_of(model).usable_positions(model.config.to_dict())  # what the export stage writes
     stamp_task(staging, {**spec.describe(), "positions": positions})
     report = {

@@ -345,14 +345,9 @@ def test_deploy_end_to_end_through_prefect(base_dirs, tmp_path):
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert config["intermediate_sizes"] == report["compaction"]["ffn_widths"]
 
-    from optimum.onnxruntime import ORTModelForSequenceClassification
-    from transformers import AutoTokenizer, pipeline
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(artifact)
-    for file_name in ("model.onnx", "model.int8.onnx"):
-        model = ORTModelForSequenceClassification.from_pretrained(artifact, file_name=file_name)
-        out = pipeline("text-classification", model=model, tokenizer=tokenizer)(["a warm, funny film", "a dull mess"])
-        assert [o["label"] in ("negative", "positive") for o in out] == [True, True]
 
     # The torch-free serving session predicts what the graph predicts, and refuses a tampered artifact.
     import shutil

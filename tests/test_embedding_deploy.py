@@ -1,8 +1,8 @@
 """A sentence-embedding model compressed end to end on real STS-B pairs (a tiny BERT base folder in
 sentence-transformers' layout, CLS pooling): the teacher is the base model itself, `distill+smp` learns its vectors,
-the graph has both outputs with the pooling inside it, sentence-transformers' ONNX backend loads the artifact as it
-is, and the server answers the same vectors at `/embed` (Text Embeddings Inference's shape), `/predict` and
-`/v2/.../infer`."""
+the graph has both outputs with the pooling inside it and sentence-transformers' layout (its ONNX backend loads
+such an artifact as it is: tests/consumer/), and the server answers the same vectors at `/embed` (Text Embeddings
+Inference's shape), `/predict` and `/v2/.../infer`."""
 
 import json
 
@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from export.sentence_transformers import st_onnx_missing
 from pipeline.errors import PipelineError
 from tests.helpers import SHARED_DATA, ThreadServer, json_error, quick_deploy, write_tiny_model_dir
 from tests.test_chains import CHAIN_BUDGET
@@ -73,9 +74,14 @@ def test_the_artifact_has_both_outputs_pooling_inside_and_the_embedders_layout(a
     parity = report["validation"]["onnx_parity"]
     assert parity["argmax_agreement"] is None and parity["min_cosine"] >= 0.9999
     # sentence-transformers' own int8 export of the dense model is timed in the same run, a baseline beside dense int8
+    # (it exports through optimum-onnx, which requires transformers < 4.58: elsewhere the report says so)
     st_int8 = report["export"]["baselines"]["dense-int8-st"]
-    assert st_int8["library"] == "sentence-transformers" and st_int8["cached"] is False  # made once per teacher
-    assert "dense-int8-st" in {r["model"] for r in report["speed"]["speedups"]}
+    timed = "dense-int8-st" in {r["model"] for r in report["speed"]["speedups"]}
+    if st_onnx_missing():
+        assert st_int8 == {"skipped": st_onnx_missing()} and not timed
+    else:
+        assert st_int8["library"] == "sentence-transformers" and st_int8["cached"] is False  # made once per teacher
+        assert timed
     card = (artifact / "README.md").read_text()
     assert "pipeline_tag: sentence-similarity" in card and 'backend="onnx"' in card
 
@@ -122,19 +128,6 @@ def test_the_graphs_vectors_are_its_cls_token_pooled_and_normalised(artifact):
     tokens, vectors = session.run(None, {n: enc[n].astype(np.int64) for n in names})
     first = tokens[:, 0]
     np.testing.assert_allclose(vectors, first / np.linalg.norm(first, axis=1, keepdims=True), atol=1e-5)
-
-
-@pytest.mark.parametrize("graph", ["onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"])
-def test_sentence_transformers_loads_the_artifact_and_gives_the_servers_vectors(artifact, server, graph):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(artifact), backend="onnx", model_kwargs={"file_name": graph}, device="cpu")
-    theirs = model.encode(TEXTS)
-    if graph.endswith("model.onnx"):  # the server serves the fp32 graph by default
-        ours = _vectors(server, TEXTS)
-        cosines = (theirs * ours).sum(1) / np.linalg.norm(theirs, axis=1) / np.linalg.norm(ours, axis=1)
-        assert cosines.min() >= 0.9999
-    np.testing.assert_allclose(np.linalg.norm(theirs, axis=1), 1.0, atol=1e-5)
 
 
 def test_embed_predict_and_infer_answer_the_same_vectors(server):

@@ -59,13 +59,16 @@ def client():
 
 
 def _pipeline(kind, artifact):
-    from optimum.onnxruntime import ORTModelForQuestionAnswering, ORTModelForTokenClassification
+    """transformers' own pipeline on the artifact's torch model: the reference the server answers as (Optimum's
+    ORTModelFor* classes on the graph answer as this too: tests/consumer/)."""
     from transformers import AutoTokenizer, pipeline
 
-    ort_class = ORTModelForTokenClassification if kind == "token-classification" else ORTModelForQuestionAnswering
+    from pipeline.models.io import load_model
+    from serving.artifact import PYTORCH
+
     tok = AutoTokenizer.from_pretrained(artifact)
     options = {"aggregation_strategy": "simple"} if kind == "token-classification" else {}
-    return pipeline(kind, model=ort_class.from_pretrained(artifact, file_name="model.onnx"), tokenizer=tok, **options)
+    return pipeline(kind, model=load_model(artifact / PYTORCH), tokenizer=tok, **options)
 
 
 def _same(got: list[dict], want: list[dict], keys: tuple[str, ...]):
