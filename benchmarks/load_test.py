@@ -11,7 +11,8 @@ It prints throughput, p50/p99 latency and errors, the mean batch the server form
 same items through a bare `ArtifactSession` (same precision, threads and session settings as the server) in
 chunks of the server's max batch, and prints the throughput ratio and whether every served answer (top label,
 entities, best answer) equals the bare session's. `--pipeline N` also checks the first N distinct served answers
-against transformers' pipeline over the artifact (Optimum's ORTModel; needs the pipeline's packages).
+against transformers' pipeline over the artifact (Optimum's ORTModel where optimum-onnx is installed, else the
+artifact's torch model for the fp32 graph; transformers 5 has no question-answering pipeline).
 The int8 graph quantises each model call's activations with one scale over the whole batch (dynamic
 quantisation), so its scores, and now and then an answer, depend on which items were batched together: compare
 answers on fp32, or on int8 with `--max-batch 1`.
@@ -253,19 +254,43 @@ def bare_session(artifact: Path, precision: str, threads: int | None, texts: lis
     }
 
 
+def pipeline_reader_missing(task: dict, precision: str) -> str | None:
+    """Why `--pipeline` cannot run here (None: it can). The pipeline reads the served graph through Optimum's
+    ORTModel where optimum-onnx is installed (transformers < 4.58), else the artifact's torch model, which is the
+    fp32 graph's model only; transformers 5 has no question-answering pipeline."""
+    from transformers import pipelines
+
+    if task_kind(task) == QA and "question-answering" not in pipelines.SUPPORTED_TASKS:
+        return "--pipeline: this transformers has no question-answering pipeline (5.x removed it)"
+    try:
+        import optimum.onnxruntime  # noqa: F401
+    except ImportError:
+        if precision != "fp32":
+            return "--pipeline with --precision int8 reads the int8 graph through optimum-onnx, not installed here"
+    return None
+
+
 def pipeline_answers(artifact: Path, task: dict, items: list, precision: str) -> list:
-    """transformers' pipeline over the served graph (Optimum's ORTModel), answering as the server does by default:
-    text classification's top label; entities grouped "simple"; the best answer of spans of at most 30 tokens
-    over windows of the artifact's trained length overlapping as the server's (`task`: its task block)."""
-    import optimum.onnxruntime as ort_models
+    """transformers' pipeline over the served graph (Optimum's ORTModel; without optimum-onnx, over the artifact's
+    torch model, for the fp32 graph), answering as the server does by default: text classification's top label;
+    entities grouped "simple"; the best answer of spans of at most 30 tokens over windows of the artifact's trained
+    length overlapping as the server's (`task`: its task block)."""
     from transformers import AutoTokenizer, pipeline
 
-    from serving.artifact import HEAD_SUFFIXES, pipeline_tag
+    from serving.artifact import HEAD_SUFFIXES, PYTORCH, pipeline_tag
     from serving.spans import MAX_ANSWER_LEN, window_stride
 
     kind, max_length = task_kind(task), trained_length(task)
-    ort_class = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}")
-    model = ort_class.from_pretrained(artifact, file_name=GRAPHS[precision])
+    try:
+        import optimum.onnxruntime as ort_models
+
+        model = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}").from_pretrained(
+            artifact, file_name=GRAPHS[precision]
+        )
+    except ImportError:
+        from pipeline.models.io import load_model
+
+        model = load_model(artifact / PYTORCH)
     tokenizer = AutoTokenizer.from_pretrained(artifact, model_max_length=max_length)
     pipe = pipeline(pipeline_tag(kind), model=model, tokenizer=tokenizer)
     if kind == QA:
@@ -332,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.url and urlsplit(args.url).hostname not in LOOPBACK:
         p.error("--url must be a loopback address (127.0.0.1, localhost or ::1)")
     task = artifact_task(args.artifact)
+    if args.pipeline and (missing := pipeline_reader_missing(task, args.precision)):
+        p.error(missing)
     texts = load_items(args.texts, args.artifact, task)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
 

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.models.families.base import transformers_5
+from export.releases import transformers_5
 
 
 @contextlib.contextmanager

@@ -21,8 +21,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
+from export.releases import transformers_5
 from pipeline.data.loaders import SAMPLE_DIR
 
 VOCAB = 400
@@ -178,6 +180,23 @@ def write_tiny_family_dir(path: str | Path, family: str, **kwargs) -> Path:
     tiny_family_model(family, **kwargs).save_pretrained(str(path))
     tiny_family_tokenizer(family).save_pretrained(str(path))
     return path
+
+
+# transformers 5 removed the question-answering pipeline: where it is gone, the served answers are compared with
+# transformers 4's pipeline (over Optimum's ORTModel, windows included) by the consumer check, tests/consumer/
+QA_PIPELINE = not transformers_5()
+needs_qa_pipeline = pytest.mark.skipif(
+    not QA_PIPELINE, reason="transformers 5 has no question-answering pipeline: tests/consumer/ compares with 4's"
+)
+
+
+def save_pickled(model, folder: str | Path) -> Path:
+    """`model` saved as an old hub folder is: config.json and pickle weights (`pytorch_model.bin`) only.
+    transformers 5's save_pretrained writes safetensors whatever it is asked, so the pickle is written here."""
+    folder = Path(folder)
+    model.config.save_pretrained(str(folder))
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
 
 
 def write_tiny_model_dir(path: str | Path, family: str = "bert", classifier: bool = True, **kwargs) -> Path:

@@ -75,10 +75,9 @@ def test_a_recipe_that_is_not_utf8():
 
 @pytest.mark.parametrize("option", ["--teacher", "--model"])
 def test_a_pickle_only_model_folder_is_refused_unread(option, tmp_path):
-    from tests.helpers import tiny_model, tiny_tokenizer
+    from tests.helpers import save_pickled, tiny_model, tiny_tokenizer
 
-    folder = tmp_path / "pickled"
-    tiny_model("bert").save_pretrained(folder, safe_serialization=False)
+    folder = save_pickled(tiny_model("bert"), tmp_path / "pickled")
     tiny_tokenizer("bert").save_pretrained(folder)
     assert (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").exists()
     assert_one_line_error(deploy(option, str(folder)), "only pickle weights (pytorch_model.bin)")

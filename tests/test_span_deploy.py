@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer, pipeline
 
 from pipeline.pareto import pareto_report
-from tests.helpers import ServerProcess, quick_deploy, sample_sentences
+from tests.helpers import QA_PIPELINE, ServerProcess, quick_deploy, sample_sentences
 
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
@@ -73,6 +73,8 @@ def test_a_span_task_deploys_and_its_artifact_answers_alike_everywhere(kind, met
         "validation"]["onnx_int8"]["f1"]]  # fmt: skip
     assert config["encoder_deploy_task"]["max_length"] == 128  # trained at: the server's default
 
+    if kind == "question-answering" and not QA_PIPELINE:
+        return  # transformers 5 has no question-answering pipeline: tests/consumer/ compares with 4's
     tok = AutoTokenizer.from_pretrained(artifact)
     # transformers' pipeline on the artifact's torch model (Optimum's classes on the graph answer as it does:
     # tests/consumer/); the server, on the fp32 graph, answers as the pipeline

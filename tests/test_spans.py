@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForQuestionAnswering, AutoModelForTokenClassification, pipeline
 
 from serving.spans import best_answers, entity_groups, question_windows, windowing
-from tests.helpers import sample_sentences, tiny_model, tiny_tokenizer
+from tests.helpers import needs_qa_pipeline, sample_sentences, tiny_model, tiny_tokenizer
 
 TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 
@@ -31,6 +31,7 @@ def _torch_logits(model, enc) -> tuple[np.ndarray, ...]:
     return (out.logits[0].numpy(),)
 
 
+@needs_qa_pipeline
 @pytest.mark.parametrize("family", ["bert", "roberta"])
 def test_answers_equal_the_question_answering_pipelines(family):
     tok = tiny_tokenizer(family)

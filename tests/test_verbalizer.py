@@ -17,7 +17,7 @@ from pipeline.data.tasks import SEQUENCE, TASKS, get_task
 from pipeline.errors import PipelineError
 from pipeline.train.metrics import predict_logits
 from pipeline.train.parity import compare_logits, onnx_logits
-from tests.helpers import tiny_model, tiny_tokenizer, write_tiny_model_dir
+from tests.helpers import save_pickled, tiny_model, tiny_tokenizer, write_tiny_model_dir
 
 FAMILIES = ["bert", "roberta"]
 # Single tokens in both tiny tokenizers' 400-token vocabularies ("great", "terrible", "yes" are split there).
@@ -107,7 +107,7 @@ def test_onnx_export_matches_torch(family, mlm, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_has_mlm_head(family, mlm, tmp_path):
     assert has_mlm_head(mlm[family][0])
-    mlm[family][1].save_pretrained(tmp_path / "bin", safe_serialization=False)
+    save_pickled(mlm[family][1], tmp_path / "bin")
     assert not has_mlm_head(tmp_path / "bin")  # pickle weights are never read, not even for their names
     classifier = write_tiny_model_dir(tmp_path / "clf", family)
     assert not has_mlm_head(classifier)

@@ -59,8 +59,6 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     matches (else gets a fresh one); any other folder loads through transformers, and a mismatch anywhere but the
     head is an error, never a silent re-initialisation.
     """
-    from transformers import AutoConfig
-
     config = check_model_dir(path)
     if task.kind == EMBEDDING:
         return _base_embedder(path, config)
@@ -77,7 +75,7 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
                     f"{path}: its verbalizer head has {model.config.num_labels} label words; task "
                     f"{task.name} has {task.num_labels} labels"
                 )
-            fresh = auto.from_config(AutoConfig.from_pretrained(str(path), **labels))
+            fresh = auto.from_config(read_config(path, **labels))
             model.set_submodule(LABEL_HEAD, fresh.get_submodule(LABEL_HEAD))
         for key, value in labels.items():
             setattr(model.config, key, value)
@@ -100,14 +98,14 @@ def _base_embedder(path: str | Path, config: dict):
     """A sentence-embedding model from a folder: one saved at per-layer shapes (a compacted student) as it is, else
     the folder's encoder (sentence-transformers' layout or a plain one; a task head in it is left out) with the
     folder's pooling."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     from pipeline.models.embedding import SentenceEmbedder, encoder_options, folder_pooling
 
     if model_kind(config) == EMBEDDING and ("intermediate_sizes" in config or "layer_heads" in config):
         return load_model(path)
     pooling = folder_pooling(path)
-    options = encoder_options(AutoConfig.from_pretrained(str(path)))
+    options = encoder_options(read_config(path))
     try:
         encoder, info = AutoModel.from_pretrained(str(path), output_loading_info=True, use_safetensors=True,
                                                   **options)  # fmt: skip
@@ -121,6 +119,19 @@ def _base_embedder(path: str | Path, config: dict):
     return SentenceEmbedder(encoder, pooling)
 
 
+def read_config(path: str | Path, **fields):
+    """transformers' config of a model folder. transformers 5 validates each field's type as the config is built;
+    a config.json its model type cannot build is a one-line refusal, not a traceback."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path), **fields)
+    except Exception as e:
+        model_type = check_model_dir(path, need_tokenizer=False).get("model_type")
+        why = " ".join(str(e).split())[:300]  # 5.x's validation says which field on the message's second line
+        raise PipelineError(f"{path}: config.json is not a valid {model_type} config: {why}") from None
+
+
 def check_weights_agree(path: str | Path) -> None:
     """The folder's weights have the shapes its config builds (a model on the meta device: nothing allocated, no
     weight read); a task head of another label count is allowed. Folders saved at per-layer shapes are checked
@@ -130,9 +141,9 @@ def check_weights_agree(path: str | Path) -> None:
         PipelineError: a weight's shape differs from the config's, in one line naming the first few.
     """
     import torch
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    config = AutoConfig.from_pretrained(str(path))
+    config = read_config(path)
     if getattr(config, "layer_heads", None) is not None or getattr(config, "intermediate_sizes", None) is not None:
         return
     kind = head_kind(config)
@@ -169,11 +180,9 @@ def load_model(path: str | Path) -> PreTrainedModel:
     Raises:
         PipelineError: the folder holds no task head, or any weight is missing, unexpected or mis-shaped.
     """
-    from transformers import AutoConfig
-
     path = Path(path)
     check_model_dir(path, need_tokenizer=False)
-    config = AutoConfig.from_pretrained(str(path))
+    config = read_config(path)
     kind = model_kind(config)
     if kind is None:
         raise PipelineError(f"{path} holds no sequence classifier, token classifier or question-answering head, nor "

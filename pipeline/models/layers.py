@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from export.releases import transformers_5
 from pipeline.models.families import Family, family_of
-from pipeline.models.families.base import transformers_5
 
 
 class ScaledLinear(nn.Linear):

@@ -20,7 +20,7 @@ import torch
 from export.onnx import export_optimized
 from pipeline.models.families import family_of
 from serving.session import ArtifactSession
-from serving.spans import MAX_ANSWER_LEN
+from serving.spans import MAX_ANSWER_LEN, window_stride
 from serving.validation import Question
 from tests.helpers import (
     FAMILY_TYPES,
@@ -64,7 +64,9 @@ def task_artifacts(out: Path) -> dict:
     """Published tiny artifacts of the classification and span kinds: the session's top answers on the fp32 graph,
     the int8 graph's outputs (`graph_outputs`)."""
     texts = sample_sentences("dev")[:6]
-    contexts = [" ".join(texts[i : i + 3]) for i in range(3)]
+    sentences = sample_sentences("dev")
+    # short contexts, and long ones the session cuts into overlapping windows as the pipeline does
+    contexts = [" ".join(texts[i : i + 3]) for i in range(3)] + [" ".join(sentences[i : i + 12]) for i in (6, 30)]
     inputs = {
         "sst2": texts,
         "rte": list(zip(texts[:3], texts[3:], strict=True)),  # pairs: (text, text_pair) tuples
@@ -78,8 +80,12 @@ def task_artifacts(out: Path) -> dict:
         session = ArtifactSession(artifact, spinning=False)
         answers = [session.predict([item])[0] for item in asked]  # one item a call, as a pipeline runs them
         kind = json.loads((artifact / "config.json").read_text())["encoder_deploy_task"]["kind"]
-        expected[artifact.name] = {"kind": kind, "inputs": items, "max_answer_len": MAX_ANSWER_LEN,
-                                   "model.onnx": answers, "model.int8.onnx": graph_outputs(artifact)}  # fmt: skip
+        windows = {"max_answer_len": MAX_ANSWER_LEN, "max_seq_len": session.max_length,
+                   "doc_stride": window_stride(session.max_length)}  # fmt: skip
+        if task == "squad":
+            assert max(len(session.encode([q])) for q in asked) > 1, "no context was windowed"
+        expected[artifact.name] = {"kind": kind, "inputs": items, **windows, "model.onnx": answers,
+                                   "model.int8.onnx": graph_outputs(artifact)}  # fmt: skip
     return expected
 
 

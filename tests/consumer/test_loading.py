@@ -78,7 +78,8 @@ def test_transformers_pipelines_over_optimum_answer_as_the_server(name):
         elif entry["kind"] == "token-classification":
             _same(run(item), want, ("entity_group", "word", "start", "end"))
         else:
-            _same([run(**item, max_answer_len=entry["max_answer_len"])], want[:1], ("answer", "start", "end"))
+            windows = {k: entry[k] for k in ("max_answer_len", "max_seq_len", "doc_stride")}
+            _same([run(**item, **windows)], want[:1], ("answer", "start", "end"))
 
 
 @pytest.mark.parametrize("name", TASKS)

@@ -9,21 +9,12 @@ cutting, MLP Fusion and the per-layer loader are the same code for every family 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the adapters import no torch themselves: the CLI lists families without it
     import torch
     from torch import nn
-
-
-@functools.cache
-def transformers_5() -> bool:
-    """The installed transformers is 5.x or later (read from its metadata: nothing is imported). 5.x unpacks every
-    attention module's output as a pair, keeps no head count on some attentions and types layers in the config."""
-    return int(version("transformers").split(".")[0]) >= 5
 
 
 @dataclass(frozen=True)
