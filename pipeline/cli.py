@@ -98,7 +98,9 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # transformers 5 draws a progress bar for every save (one shard a model here): noise between the stages' log lines
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     from pipeline.errors import quiet_prefect_user_errors
 
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks
