@@ -45,7 +45,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from serving.artifact import (  # noqa: E402  (ROOT is on the path first)
+from export.releases import optimum_onnx, question_answering_pipeline  # noqa: E402  (ROOT is on the path first)
+from serving.artifact import (  # noqa: E402
     CONFIG,
     GRAPHS,
     QA,
@@ -258,15 +259,10 @@ def pipeline_reader_missing(task: dict, precision: str) -> str | None:
     """Why `--pipeline` cannot run here (None: it can). The pipeline reads the served graph through Optimum's
     ORTModel where optimum-onnx is installed (transformers < 4.58), else the artifact's torch model, which is the
     fp32 graph's model only; transformers 5 has no question-answering pipeline."""
-    from transformers import pipelines
-
-    if task_kind(task) == QA and "question-answering" not in pipelines.SUPPORTED_TASKS:
+    if task_kind(task) == QA and not question_answering_pipeline():
         return "--pipeline: this transformers has no question-answering pipeline (5.x removed it)"
-    try:
-        import optimum.onnxruntime  # noqa: F401
-    except ImportError:
-        if precision != "fp32":
-            return "--pipeline with --precision int8 reads the int8 graph through optimum-onnx, not installed here"
+    if precision != "fp32" and not optimum_onnx():
+        return "--pipeline with --precision int8 reads the int8 graph through optimum-onnx, not installed here"
     return None
 
 
@@ -281,13 +277,13 @@ def pipeline_answers(artifact: Path, task: dict, items: list, precision: str) ->
     from serving.spans import MAX_ANSWER_LEN, window_stride
 
     kind, max_length = task_kind(task), trained_length(task)
-    try:
+    if optimum_onnx():
         import optimum.onnxruntime as ort_models
 
         model = getattr(ort_models, f"ORTModel{HEAD_SUFFIXES[kind]}").from_pretrained(
             artifact, file_name=GRAPHS[precision]
         )
-    except ImportError:
+    else:
         from pipeline.models.io import load_model
 
         model = load_model(artifact / PYTORCH)

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from importlib.metadata import version
 from pathlib import Path
+
+from export.releases import optimum_onnx
 
 ST_GRAPHS = {"model.onnx": "onnx/model.onnx", "model.int8.onnx": "onnx/model_qint8_avx512_vnni.onnx"}
 MODULES = "modules.json"
@@ -78,18 +81,13 @@ def quantisation_config() -> str:
 
 
 def st_onnx_missing() -> str | None:
-    """Why sentence-transformers' ONNX backend cannot run here (None: it can). It imports optimum-onnx, whose
-    releases so far require transformers < 4.58; the artifact itself never needs it."""
-    try:
-        import optimum.onnxruntime  # noqa: F401
-    except ImportError:
-        from importlib.metadata import version
-
-        return (
-            "sentence-transformers' ONNX export needs optimum-onnx (`pip install optimum-onnx[onnxruntime]`), "
-            f"which requires transformers < 4.58 (installed: {version('transformers')})"
-        )
-    return None
+    """Why sentence-transformers' ONNX backend cannot run here (None: it can): it runs through optimum-onnx."""
+    if optimum_onnx():
+        return None
+    return (
+        "sentence-transformers' ONNX export needs optimum-onnx (`pip install optimum-onnx[onnxruntime]`), "
+        f"which requires transformers < 4.58 (installed: {version('transformers')})"
+    )
 
 
 def dense_int8_baseline(model_dir: str | Path, out: str | Path) -> dict:

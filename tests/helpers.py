@@ -24,7 +24,7 @@ import httpx
 import pytest
 import torch
 
-from export.releases import transformers_5
+from export.releases import question_answering_pipeline
 from pipeline.data.loaders import SAMPLE_DIR
 
 VOCAB = 400
@@ -184,7 +184,7 @@ def write_tiny_family_dir(path: str | Path, family: str, **kwargs) -> Path:
 
 # transformers 5 removed the question-answering pipeline: where it is gone, the served answers are compared with
 # transformers 4's pipeline (over Optimum's ORTModel, windows included) by the consumer check, tests/consumer/
-QA_PIPELINE = not transformers_5()
+QA_PIPELINE = question_answering_pipeline()
 needs_qa_pipeline = pytest.mark.skipif(
     not QA_PIPELINE, reason="transformers 5 has no question-answering pipeline: tests/consumer/ compares with 4's"
 )

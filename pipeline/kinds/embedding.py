@@ -148,13 +148,12 @@ class SentenceEmbedding(Kind):
         import shutil
 
         from export.onnx import library_versions
-        from export.sentence_transformers import st_onnx_missing
+        from export.sentence_transformers import dense_int8_baseline, st_onnx_missing
 
         missing = st_onnx_missing()
         if missing:
             log.warning("sentence-transformers' own int8 baseline not timed: %s", missing)
             return {"dense-int8-st": {"skipped": missing}}
-        from export.sentence_transformers import dense_int8_baseline
         from pipeline.cache import cached_stage, dir_digest
         from pipeline.staging import ST_DENSE_INT8
 
