@@ -97,10 +97,6 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # transformers 5 draws a progress bar for every save (one shard a model here): noise between the stages' log lines
-    from transformers.utils import logging as transformers_logging
-
-    transformers_logging.disable_progress_bar()
     from pipeline.errors import quiet_prefect_user_errors
 
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks

@@ -238,3 +238,11 @@ def test_head_with_only_empty_query_is_kept(family):
     report = compact_(model)
     assert report["heads"] == [4, 4, 4] and report["removed_heads"] == [0, 0, 0]
     assert torch.equal(before, sample_logits(model))
+
+
+def test_saving_a_model_draws_no_progress_bar(tmp_path, capfd):
+    """transformers 5 draws a bar for every save_pretrained; the pipeline's saves keep the stages' logs clean."""
+    model = tiny_model("bert")
+    capfd.readouterr()
+    save_model(model, None, tmp_path / "m")
+    assert "Writing model shards" not in capfd.readouterr().err

@@ -225,6 +225,20 @@ def _check_declared_shapes(model: nn.Module, config, path: Path) -> None:
             raise PipelineError(f"{path}: config {key}={declared} disagrees with the weights ({actual})")
 
 
+def save_weights(model: PreTrainedModel, path: str | Path) -> None:
+    """`model.save_pretrained` in safetensors, without the progress bar transformers 5 draws for every save (one
+    shard a model here: noise between the stages' log lines)."""
+    from transformers.utils import logging as transformers_logging
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(path), safe_serialization=True)
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()
+
+
 def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:
     """Save weights (safetensors), tokenizer and a config that records every layer's FFN width and heads."""
     path = Path(path)
@@ -235,7 +249,7 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None
     for key, values in family.layer_record(model).items():
         setattr(config, key, values)
     setattr(config, family.ffn_field, max(config.intermediate_sizes))  # keep the scalar honest for tools that read it
-    model.save_pretrained(str(path), safe_serialization=True)
+    save_weights(model, path)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path

@@ -25,6 +25,7 @@ from pipeline.data.corpus import read_corpus
 from pipeline.data.encoding import encode_corpus
 from pipeline.models.families import arch_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
+from pipeline.models.io import save_weights
 from pipeline.models.layers import encoder_layers
 from pipeline.report import derived_line
 from pipeline.train.loop import num_steps, resolve_device, train
@@ -81,7 +82,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
             loss_fn=distill_loss(cfg_used, teacher, projections, task=False, direct=direct),
             desc="general distillation",
         )
-        student.save_pretrained(str(out), safe_serialization=True)
+        save_weights(student, out)
         tokenizer.save_pretrained(str(out))
         report = {
             "base_model": str(model_dir),
