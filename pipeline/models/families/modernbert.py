@@ -6,7 +6,7 @@ are global and which have that norm is saved per layer, so a student cut from an
 transformers 4.x builds a layer's attention from `layer_id` (global every n-th) and keeps `num_heads` and
 `local_attention` on it; 5.x reads each layer's type from `config.layer_types` (a block's `attention_type`, the
 attention's `sliding_window`) and counts heads from the fused matrix. Both are absorbed here: heads are counted
-from `Wqkv`, and the saved record is kept in `layer_types` too, so either release rebuilds what the other saved."""
+from `Wqkv`, `layer_types` follows the blocks, and a folder 4.x saved (the record only) is retyped on load."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 GLOBAL, NORM = "layer_global_attention", "layer_attention_norm"
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers 5's layer types
+
+
+def _types(is_global: list[bool]) -> list[str]:
+    return [FULL if g else SLIDING for g in is_global]
 
 
 def _is_global(block: nn.Module) -> bool:
@@ -64,7 +68,7 @@ class ModernBert(Family):
     def set_layers_(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         super().set_layers_(model, blocks)
         if getattr(model.config, "layer_types", None) is not None:  # 5.x: one type per layer, as the blocks are
-            model.config.layer_types = [FULL if _is_global(b) else SLIDING for b in blocks]
+            model.config.layer_types = _types([_is_global(b) for b in blocks])
 
     def qkv(self, block: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = block.attn.Wqkv(block.attn_norm(hidden)).chunk(3, dim=-1)  # pre-norm: the block normalises first
@@ -74,13 +78,10 @@ class ModernBert(Family):
         from torch import nn
 
         blocks = self.layers(model)
-        record = {
+        return {  # 5.x's config.layer_types says the same, kept in step by set_layers_ and _retype_
             GLOBAL: [_is_global(b) for b in blocks],
             NORM: [not isinstance(b.attn_norm, nn.Identity) for b in blocks],
         }
-        if getattr(model.config, "layer_types", None) is not None:
-            record["layer_types"] = [FULL if g else SLIDING for g in record[GLOBAL]]
-        return record
 
     def rebuild_(self, model: nn.Module) -> None:
         from torch import nn
@@ -109,7 +110,7 @@ class ModernBert(Family):
         from transformers.models.modernbert.modeling_modernbert import ModernBertRotaryEmbedding
 
         config = model.config
-        types = [FULL if g else SLIDING for g in is_global]
+        types = _types(is_global)
         rebuilt = set(types) != set(config.layer_types)
         config.layer_types = types
         for block, kind in zip(self.layers(model), types, strict=True):
