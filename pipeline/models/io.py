@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from pipeline.errors import PipelineError, one_line
+from pipeline.jsonfile import read_json_object
 from pipeline.models.families import family_of
 from pipeline.models.folders import check_model_dir, head_kind, safetensors_header
 from pipeline.models.heads import HEAD_NAME, install_verbalizer_
@@ -127,7 +128,7 @@ def read_config(path: str | Path, **fields):
     try:
         return AutoConfig.from_pretrained(str(path), **fields)
     except Exception as e:
-        model_type = check_model_dir(path, need_tokenizer=False).get("model_type")
+        model_type = read_json_object(Path(path) / "config.json").get("model_type")
         why = " ".join(str(e).split())[:300]  # 5.x's validation says which field on the message's second line
         raise PipelineError(f"{path}: config.json is not a valid {model_type} config: {why}") from None
 
