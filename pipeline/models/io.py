@@ -89,7 +89,7 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
         raise PipelineError(f"cannot load model from {path}: {one_line(e)}") from None
     # plain keys here; (key, shapes) tuples in some transformers versions
     keys = [k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", [])]
-    mismatched = [key for key in keys if not key.startswith(f"{LABEL_HEAD}.")]
+    mismatched = sorted(key for key in keys if not key.startswith(f"{LABEL_HEAD}."))  # 5.x reports them unordered
     if mismatched:
         raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
     return model
