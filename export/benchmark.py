@@ -220,6 +220,10 @@ def _open_sessions(models: dict, prov: str, threads: int, skipped: list) -> dict
         if prov == CUDA and "int8" in name.lower():
             skipped.append({"model": name, "provider": prov, "reason": "dynamic int8 quantised graph is CPU-oriented"})
             continue
+        if prov == CPU and "fp16" in name.lower():
+            skipped.append({"model": name, "provider": prov, "reason": "fp16 graph is for CUDA (no faster than fp32 "
+                            "on a CPU)"})  # fmt: skip
+            continue
         try:
             sess = make_session(path, prov, threads)
         except Exception as e:  # e.g. CUDA listed but its libraries fail to load
@@ -241,7 +245,8 @@ def benchmark(models: dict[str, str | Path], vocab_size: int, cfg: Grid, check: 
     Returns:
         JSON-serialisable dict with "device", "cells" (each with the cores other processes held while it
         was timed), "skipped" (model/provider pairs not run, with the reason; int8 models are skipped on
-        CUDA) and "machine" (`machine_load`: the load while timing and whether the machine was busy).
+        CUDA, fp16 ones on the CPU) and "machine" (`machine_load`: the load while timing and whether the
+        machine was busy).
     """
     threads = cfg.threads or physical_cores()
     available = ort.get_available_providers()

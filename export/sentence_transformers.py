@@ -19,7 +19,12 @@ from pathlib import Path
 
 from export.releases import optimum_onnx
 
-ST_GRAPHS = {"model.onnx": "onnx/model.onnx", "model.int8.onnx": "onnx/model_qint8_avx512_vnni.onnx"}
+# sentence-transformers' own names: its int8 export's, and O4 (its optimised fp16 level, for GPUs) for fp16
+ST_GRAPHS = {
+    "model.onnx": "onnx/model.onnx",
+    "model.int8.onnx": "onnx/model_qint8_avx512_vnni.onnx",
+    "model.fp16.onnx": "onnx/model_O4.onnx",
+}
 MODULES = "modules.json"
 POOLING = "1_Pooling/config.json"
 ST_CONFIG = "sentence_bert_config.json"
@@ -27,9 +32,9 @@ ST_MODEL_CONFIG = "config_sentence_transformers.json"
 
 
 def write_layout(folder: str | Path, width: int, pooling: str, max_length: int, versions: dict[str, str]) -> list[str]:
-    """Write the layout into `folder` (which holds `model.onnx` and `model.int8.onnx`); `width`: the embedding's
-    dimension, `pooling`: mean or cls, `max_length`: the tokens per text it was trained and validated at. Returns
-    the files written."""
+    """Write the layout into `folder` (which holds `model.onnx`, `model.int8.onnx` and `model.fp16.onnx`); `width`:
+    the embedding's dimension, `pooling`: mean or cls, `max_length`: the tokens per text it was trained and
+    validated at. Returns the files written."""
     folder = Path(folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -17,11 +17,11 @@ from pipeline.train.parity import onnx_logits
 from serving.artifact import (
     CONFIG,
     EMBEDDING,
-    GRAPHS,
     MANIFEST,
     REPORT_JSON,
     TOKENIZER,
     ArtifactError,
+    graphs_in,
     read_manifest,
     verify,
 )
@@ -36,18 +36,18 @@ def evaluate_artifact(
     trust_key: str | None = None,
     task_name: str | None = None,
 ) -> dict:
-    """The task metric of a published artifact's fp32 and int8 graphs on a labelled split of its task, tokenised
-    as the artifact was validated (its report's max_length). The validation split is carved with the run's own
-    data settings (the manifest's config), so `--split validation` is the split its gates saw. A user's task
-    reads the files its definition names (the manifest's), or those of `task_file` (the same task, moved). The
-    artifact is checked as the server checks it: its files against the manifest, its signature with `trust_key`.
-    `task_name`: another built-in task of the same kind, for embedders only (vectors answer any embedding task: an
-    STS-B student scored on SQuAD retrieval)."""
+    """The task metric of a published artifact's graphs (fp32, int8, and fp16 where it has one) on a labelled split
+    of its task, tokenised as the artifact was validated (its report's max_length). The validation split is carved
+    with the run's own data settings (the manifest's config), so `--split validation` is the split its gates saw.
+    A user's task reads the files its definition names (the manifest's), or those of `task_file` (the same task,
+    moved). The artifact is checked as the server checks it: its files against the manifest, its signature with
+    `trust_key`. `task_name`: another built-in task of the same kind, for embedders only (vectors answer any
+    embedding task: an STS-B student scored on SQuAD retrieval)."""
     artifact = Path(artifact)
     if not (artifact / REPORT_JSON).is_file() or not (artifact / MANIFEST).is_file():
         raise PipelineError(f"{artifact} is not an artifact folder (no {REPORT_JSON} and {MANIFEST})")
     try:
-        verify(artifact, (REPORT_JSON, CONFIG, TOKENIZER, *GRAPHS.values()), trust_key)
+        verify(artifact, (REPORT_JSON, CONFIG, TOKENIZER, *graphs_in(artifact).values()), trust_key)
     except ArtifactError as e:
         raise PipelineError(f"refusing to evaluate: {e}") from None
     if split not in ("train", "validation", "dev"):
@@ -73,6 +73,6 @@ def evaluate_artifact(
     ref = DataRef(task, source, str(Path(data_dir).resolve()) if data_dir else None, validation=limits.validation)
     data = getattr(ref.load(), split).head(max_examples)
     enc = encode(load_tokenizer(artifact), data, report["validation"]["max_length"])
-    metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc) for p, f in GRAPHS.items()}
+    metrics = {f"onnx_{p}": scores(onnx_logits(artifact / f, enc), enc) for p, f in graphs_in(artifact).items()}
     return {"artifact": str(artifact), "task": task.name, "split": split, "examples": len(data),
             "metric": task.metric, "metrics": metrics}  # fmt: skip

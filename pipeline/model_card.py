@@ -116,7 +116,7 @@ def render_model_card(report: dict, task: dict, base: dict, hf_dataset: tuple[st
     lines += [
         f"A {task['name']} {what} compressed with "
         f"**{report['method']}** from {teacher}, exported to ONNX (fused fp32 "
-        f"`{GRAPHS['fp32']}`, int8 `{GRAPHS['int8']}`) by encoder-deploy.",
+        f"`{GRAPHS['fp32']}`, int8 `{GRAPHS['int8']}`, fp16 for GPUs `{GRAPHS['fp16']}`) by encoder-deploy.",
         "",
         "## How it was made",
         "",

@@ -147,7 +147,8 @@ def render_markdown(report: dict) -> str:
         lines += [
             "",
             f"ONNX fp32 vs compacted torch: {parity_words(p)} over {p['examples']} examples; "
-            f"int8 loses {v['int8_metric_drop']:.2f} points of {v.get('metric', 'accuracy')} against fp32.",
+            f"int8 loses {v['int8_metric_drop']:.2f} points of {v.get('metric', 'accuracy')} against fp32"
+            + _fp16_words(v.get("fp16")),
             "",
         ]
     c = report.get("compaction", {})
@@ -189,12 +190,33 @@ def render_markdown(report: dict) -> str:
                     f"{_fmt(r.get('speedup_vs_dense_int8')) + '×' if r.get('speedup_vs_dense_int8') else ''} | "
                     f"{_fmt(bound) + '×' if bound else ''} | {_fmt(frac) if frac else ''} |"
                 )
+        lines += _gpu_lines(s["speedups"])
         lines += ["", f"![latency]({s['plot']})", ""]
         lines += _real_length_lines(s.get("real_lengths"))
     t = report.get("timings", {})
     if t:
         lines += ["## Timings (s)", "", ", ".join(f"{k} {_fmt(x, 1)}" for k, x in t.items()), ""]
     return "\n".join(lines)
+
+
+def _fp16_words(fp16: dict | None) -> str:
+    if not fp16:  # reports from before fp16 graphs
+        return "."
+    return f"; fp16 (for CUDA) {fp16['metric_drop']:.2f}, {parity_words(fp16['parity'])}."
+
+
+def _gpu_lines(speedups: list[dict]) -> list[str]:
+    """On CUDA the baseline a GPU user weighs the artifact against is the dense graph in fp16."""
+    rows = [r for r in speedups if r["provider"].startswith("CUDA")]
+    if not rows:
+        return []
+    lines = ["", "| model (CUDA) | batch | seq | speedup vs dense fp32 (p50) | vs dense fp16 |"]
+    lines.append("|---|---|---|---|---|")
+    for r in rows:
+        fp16 = r.get("speedup_vs_dense_fp16")
+        lines.append(f"| {r['model']} | {r['batch']} | {r['seq']} | {r['speedup_p50']:.2f}× | "
+                     f"{_fmt(fp16) + '×' if fp16 else ''} |")  # fmt: skip
+    return lines
 
 
 def _real_length_lines(real: dict | None) -> list[str]:

@@ -30,6 +30,7 @@ STAGING_PREFIX = ".staging-"
 WORK = ".work"  # inside a staging folder: what the run needs but does not publish (the dense graphs)
 DENSE_STEM = "dense"
 DENSE_GRAPHS = {"fp32": f"{DENSE_STEM}.onnx", "int8": f"{DENSE_STEM}.int8.onnx"}  # in WORK, for the benchmark
+DENSE_FP16 = f"{DENSE_STEM}.fp16.onnx"  # in WORK where the benchmark times CUDA: a GPU user's dense baseline
 # in WORK where the kind has it: sentence-transformers' own int8 export of the dense model (embeddings' baseline)
 ST_DENSE_INT8 = "st-dense.int8.onnx"
 _held: dict[Path, int] = {}  # staging folder -> the descriptor holding its lock, for this process's live runs

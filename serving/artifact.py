@@ -20,7 +20,9 @@ from pathlib import Path
 
 MODEL_FP32 = "model.onnx"
 MODEL_INT8 = "model.int8.onnx"
-GRAPHS = {"fp32": MODEL_FP32, "int8": MODEL_INT8}
+MODEL_FP16 = "model.fp16.onnx"  # for CUDA: fp16 weights and activations, fp32 inputs and outputs
+GRAPHS = {"fp32": MODEL_FP32, "int8": MODEL_INT8, "fp16": MODEL_FP16}
+LATER_GRAPHS = {"fp16"}  # graphs artifacts published before them lack; every reader takes them where present
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 PYTORCH = "pytorch"  # the compacted safetensors model, reloadable at its per-layer shapes
@@ -42,6 +44,11 @@ HEAD_SUFFIXES = {SEQUENCE: "ForSequenceClassification", TOKEN: "ForTokenClassifi
 
 
 DEFAULT_MAX_LENGTH = 128  # tokens per text of an artifact whose task block does not say (made before it did)
+
+
+def graphs_in(artifact: str | Path) -> dict[str, str]:
+    """The artifact's graphs by precision: every one of `GRAPHS`, less those added later that it was made without."""
+    return {p: f for p, f in GRAPHS.items() if p not in LATER_GRAPHS or (Path(artifact) / f).is_file()}
 
 
 def task_kind(block: dict | None) -> str:

@@ -6,13 +6,14 @@ import argparse
 import os
 import sys
 
-from serving.config import API_KEY_ENV, ServerConfig
+from serving.config import API_KEY_ENV, DEVICES, PRECISIONS, ServerConfig
 
 # Every option once: the ServerConfig field it sets, its flag, and argparse's settings (its default is the field's).
 OPTIONS: tuple[tuple[str, str, dict], ...] = (
     ("host", "--host", {"help": "address to bind (default %(default)s; 0.0.0.0 for all interfaces)"}),
     ("port", "--port", {"type": int, "help": "port (default %(default)s; 0: any free port)"}),
-    ("precision", "--precision", {"choices": ("fp32", "int8"), "help": "graph to serve"}),
+    ("precision", "--precision", {"choices": PRECISIONS, "help": "graph to serve (fp16: for CUDA)"}),
+    ("device", "--device", {"choices": DEVICES, "help": "cpu, or cuda: ONNX Runtime's CUDA provider, with IOBinding"}),
     ("model_name", "--model-name", {"help": "name in the /v2/models/{name} URLs (default: the artifact's)"}),
     ("api_key", "--api-key",
      {"help": f"require this key (Authorization: Bearer KEY or X-API-Key); default: ${API_KEY_ENV}"}),

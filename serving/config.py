@@ -7,7 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.artifact import GRAPHS
+
 API_KEY_ENV = "SERVING_API_KEY"
+PRECISIONS = tuple(GRAPHS)  # fp32, int8, fp16
+DEVICES = ("cpu", "cuda")
 
 
 def available_cores() -> int:
@@ -33,7 +37,9 @@ class ServerConfig:
         artifact: the artifact folder (checked against its manifest.json at start-up).
         host: address to bind; loopback unless told otherwise.
         port: TCP port (0: any free port, printed at start-up).
-        precision: "fp32" (model.onnx) or "int8" (model.int8.onnx).
+        precision: "fp32" (model.onnx), "int8" (model.int8.onnx) or "fp16" (model.fp16.onnx, for CUDA).
+        device: "cpu", or "cuda": ONNX Runtime's CUDA provider (onnxruntime-gpu), inputs and outputs bound with
+            IOBinding.
         model_name: the name in the Open Inference Protocol URLs; default: the artifact's name.
         api_key: when set, every endpoint except health needs `Authorization: Bearer KEY` or `X-API-Key: KEY`
             ("": none). A key that is blank or starts or ends with whitespace is refused: HTTP strips that from
@@ -61,6 +67,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     precision: str = "fp32"
+    device: str = "cpu"
     model_name: str | None = None
     api_key: str | None = None
     max_batch: int = 32
@@ -79,8 +86,10 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "artifact", Path(self.artifact))
-        if self.precision not in ("fp32", "int8"):
-            raise ValueError(f"precision must be fp32 or int8, not {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be {' or '.join(DEVICES)}, not {self.device!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
         for name in ("max_batch", "max_batch_tokens", "max_queue", "max_body_bytes", "max_items", "max_text_chars",

@@ -44,6 +44,7 @@ def load_model(config: ServerConfig) -> ArtifactSession:
         session = ArtifactSession(
             config.artifact,
             config.precision,
+            device=config.device,
             threads=config.intra_op_threads,
             max_length=config.max_length,
             max_windows=config.max_windows,

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from serving.artifact import (
     CONFIG,
     GRAPHS,
+    LATER_GRAPHS,
     TASK_KEY,
     TOKENIZER,
     ArtifactError,
@@ -33,7 +34,7 @@ from serving.validation import Text
 
 
 class ArtifactSession:
-    """Tokenise a request's items and run the artifact's fp32 or int8 graph over them. Items are texts, or text
+    """Tokenise a request's items and run the artifact's fp32, int8 or fp16 graph over them. Items are texts, or text
     pairs for an artifact of a sentence-pair task, or `Question`s for a question-answering artifact.
 
     `predict` is `answer(items, encoded, run(encoded))` with `encoded = encode(items)`: the server calls the
@@ -42,7 +43,11 @@ class ArtifactSession:
 
     Args:
         artifact: the artifact folder.
-        precision: "fp32" or "int8".
+        precision: "fp32", "int8" or "fp16" (for CUDA; artifacts made before fp16 graphs have none).
+        device: "cpu", or "cuda" (ONNX Runtime's CUDA provider, which onnxruntime-gpu has; refused in one line
+            where it is absent).
+        io_binding: feed inputs and take outputs through ORT's IOBinding (None: on CUDA, where it saves the
+            copies ORT would make per call).
         threads: ONNX Runtime intra-op threads (None: ORT's default, the physical cores).
         max_length: tokens per text; longer texts are truncated (keeping the start). A question-answering
             context is cut into windows of `max_length` tokens (with its question) overlapping by `window_stride`.
@@ -65,11 +70,17 @@ class ArtifactSession:
         spinning: bool = True,
         trust_key: str | Path | None = None,
         max_windows: int | None = None,
+        device: str = "cpu",
+        io_binding: bool | None = None,
     ) -> None:
         self.path = Path(artifact)
         self.max_windows = max_windows
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
+        if not (self.path / GRAPHS[precision]).is_file() and precision in LATER_GRAPHS:
+            raise ArtifactError(f"{self.path} has no {GRAPHS[precision]} (made before {precision} graphs): serve "
+                                "fp32 or int8, or deploy it again")  # fmt: skip
+        providers = _providers(device)
         if verify:
             verify_artifact(self.path, (CONFIG, TOKENIZER, GRAPHS[precision]), trust_key)
         config = json.loads((self.path / CONFIG).read_text())
@@ -92,7 +103,9 @@ class ArtifactSession:
         so.inter_op_num_threads = 1
         if not spinning:
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(self.path / GRAPHS[precision]), so, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(self.path / GRAPHS[precision]), so, providers=providers)
+        self.device = device
+        self.io_binding = device == "cuda" if io_binding is None else io_binding
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.labels = _labels(config, self.session)
         self.task = config.get(TASK_KEY) or {}  # artifacts from before pair support have none: single texts
@@ -133,8 +146,20 @@ class ArtifactSession:
             if not mask[i].any():  # no tokens (an empty text, a tokenizer without [CLS]/[SEP]): one [PAD]
                 mask[i, 0] = 1  # is attended, whatever the batch, instead of a failed or batch-dependent run
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        outputs = self.session.run(self.outputs, {n: feeds[n] for n in self.input_names})
+        feeds = {n: feeds[n] for n in self.input_names}
+        outputs = self._bound(feeds) if self.io_binding else self.session.run(self.outputs, feeds)
         return self.served.rows(outputs, [len(e.ids) for e in encodings])
+
+    def _bound(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One call through IOBinding: inputs copied to the device once, outputs left there by ORT and copied back
+        once, instead of the per-call staging `run` does."""
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name in self.outputs:
+            binding.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
 
     def logits(self, texts: list[Text]) -> np.ndarray:
         """`run(encode(texts))`: one row of class logits per text (sequence classification)."""
@@ -153,6 +178,18 @@ class ArtifactSession:
         """`answer` of `items`, tokenised and run here."""
         encoded = self.encode(items)
         return self.answer(items, encoded, self.run(encoded), top_k, max_answer_len)
+
+
+def _providers(device: str) -> list[str]:
+    """ONNX Runtime's providers for `device`, CPU last (ORT places on it what CUDA has no kernel for)."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device != "cuda":
+        raise ArtifactError(f"device must be cpu or cuda, not {device!r}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise ArtifactError("device cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu "
+                            "on a machine with CUDA)")  # fmt: skip
+    return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
 def _labels(config: dict, session: ort.InferenceSession) -> list[str]:

@@ -405,7 +405,7 @@ def keyword_task_file(folder):
 
 
 def tiny_artifact(base: Path, task: str = "sst2") -> Path:
-    """A published artifact of a tiny random BERT model for a built-in `task` (fp32 + int8 graphs, tokenizer,
+    """A published artifact of a tiny random BERT model for a built-in `task` (fp32, int8, fp16 graphs, tokenizer,
     the task block, manifest), built with the project's own export and packaging functions; reused when `base`
     already holds it. `rte` gives a sentence-pair artifact, `conll2003` a token-classification one and `squad` a
     question-answering one."""
@@ -428,7 +428,7 @@ def tiny_artifact(base: Path, task: str = "sst2") -> Path:
         torch.manual_seed(0)
         model = auto_class(spec.kind).from_config(model.config).eval()
     staging = new_staging(base, final.name)
-    export_optimized(model, tiny_tokenizer("bert"), staging)
+    export_optimized(model, tiny_tokenizer("bert"), staging, fp16=True)
     save_model(model, None, staging / PYTORCH)  # the torch model beside the graphs, as a deploy publishes it
     positions = family_of(model).usable_positions(model.config.to_dict())  # what the export stage writes
     stamp_task(staging, {**spec.describe(), "positions": positions})

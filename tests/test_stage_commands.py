@@ -70,9 +70,8 @@ def test_every_stage_by_hand_makes_the_artifact_deploy_makes(classifier_dirs, tm
     assert figures["metrics"]["onnx_int8"] == report["validation"]["metrics"]["dev"]["onnx_int8"]
     # and on the validation split the run carved (with its own seed, not the default), the figures its gates saw
     scored = cli("evaluate", artifact, "--data-dir", SAMPLE, "--split", "validation")
-    assert json.loads(scored.stdout)["metrics"] == {
-        graph: report["validation"]["metrics"]["validation"][graph] for graph in ("onnx_fp32", "onnx_int8")
-    }
+    validated = report["validation"]["metrics"]["validation"]
+    assert json.loads(scored.stdout)["metrics"] == {g: validated[g] for g in ("onnx_fp32", "onnx_int8", "onnx_fp16")}
     assert_one_line_error(cli("evaluate", artifact, "--data-dir", SAMPLE, "--split", "test"), "unknown split 'test'")
     assert_one_line_error(cli("evaluate", tmp_path, "--data-dir", SAMPLE), "is not an artifact folder")
 

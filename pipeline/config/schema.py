@@ -310,7 +310,7 @@ class BenchSettings(FrozenModel):
     real_length_examples: int = Field(1000, ge=1)
 
 
-class Gates(FrozenModel):
+class Gates(KeyStableModel):
     """Validation thresholds; a failed gate stops the flow and publishes nothing."""
 
     compaction_atol: float = 1e-5
@@ -326,6 +326,18 @@ class Gates(FrozenModel):
         ge=0,
         description="points of the task's metric the compressed model may lose against its teacher (validation split)",
     )
+    fp16_max_drop: float = Field(
+        0.5, ge=0, description="points of the task's metric the fp16 graph (CUDA's) may lose against ONNX fp32"
+    )
+    fp16_min_agreement: float = Field(
+        0.99, ge=0, le=1, description="the fp16 graph's argmax agreement with ONNX fp32 (rows of logits)"
+    )
+    fp16_min_cosine: float = Field(
+        0.999, ge=-1, le=1, description="embeddings: the least cosine of an fp16 vector to ONNX fp32's (per text)"
+    )
+
+    newer_defaults: ClassVar[dict[str, Any]] = {"fp16_max_drop": 0.5, "fp16_min_agreement": 0.99,
+                                                "fp16_min_cosine": 0.999}  # fmt: skip
 
 
 class ExportSettings(FrozenModel):

@@ -200,6 +200,7 @@ class Kind:
             "from transformers import AutoTokenizer, pipeline",
             "",
             f'model = {ort_class}.from_pretrained(".", file_name="{GRAPHS["int8"]}")',
+            f'# on a GPU: file_name="{GRAPHS["fp16"]}", provider="CUDAExecutionProvider"',
             f'classify = pipeline("{tag}", model=model, tokenizer=AutoTokenizer.from_pretrained("."){options})',
             self.example,
             "```",

@@ -133,6 +133,7 @@ class SentenceEmbedding(Kind):
             "",
             f'int8 = {{"file_name": "{ST_GRAPHS[GRAPHS["int8"]]}"}}',
             'model = SentenceTransformer(".", backend="onnx", model_kwargs=int8)',
+            f'# on a GPU: model_kwargs={{"file_name": "{ST_GRAPHS[GRAPHS["fp16"]]}"}}, device="cuda"',
             self.example,
             "```",
             "",

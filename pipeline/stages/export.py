@@ -1,5 +1,5 @@
-"""The export stage: fused fp32 and int8 ONNX graphs of the compacted model (the artifact's), and of the dense
-teacher (the benchmark's baseline, exported once per teacher and cached)."""
+"""The export stage: fused fp32, int8 and (for CUDA) fp16 ONNX graphs of the compacted model (the artifact's), and
+the dense teacher's fp32 and int8 (the benchmark's baseline, exported once per teacher and cached)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def run(
     family = family_of(model)
     report = {
         "compressed": export_optimized(
-            model, tokenizer, staging_path, calibration=calibration, fusion=family.ort_fusion
+            model, tokenizer, staging_path, calibration=calibration, fusion=family.ort_fusion, fp16=True
         )
     }
     layout = kind_of(ref.task.kind).write_layout(staging_path, model, max_length)

@@ -1,5 +1,6 @@
-"""The validate stage: gates on the validation split carved from train (compacted torch ≡ ONNX fp32, int8 within
-budget, task metric within budget of the teacher); dev, the test, scored alongside and only reported.
+"""The validate stage: gates on the validation split carved from train (compacted torch ≡ ONNX fp32, int8 and fp16
+within budget of fp32, task metric within budget of the teacher); dev, the test, scored alongside and only
+reported.
 
 A failed gate raises `GateError`; the flow then discards the staging folder, so nothing is published.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+
+import numpy as np
 
 from pipeline.config.schema import Gates
 from pipeline.data.encoding import encode
@@ -32,10 +35,14 @@ def gate_failures(
     metric: str,
     teacher: float,
     compressed: float,
+    fp16: dict | None = None,
 ) -> list[str]:
     """The failed gates, each as a sentence (empty: all passed). `teacher` and `compressed` are the task metric
-    (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on the validation split, in points."""
+    (`metric`) of the dense teacher and of the compressed ONNX fp32 graph on the validation split, in points;
+    `fp16`, the fp16 graph against ONNX fp32 (`fp16_check`)."""
     failures = []
+    if fp16 is not None and not fp16["passed"]:
+        failures.append(f"fp16 graph: {fp16['why']}")
     if not parity.passed:
         cosine = "" if parity.cosine_limit is None else f", least cosine {parity.cosine_limit}"
         failures.append(
@@ -51,8 +58,23 @@ def gate_failures(
     return failures
 
 
+def fp16_check(fp32: np.ndarray, fp16: np.ndarray, drop: float, gates: Gates, vectors: bool) -> dict:
+    """The fp16 graph (CUDA's, run here on whichever provider there is) against ONNX fp32 on validation: the same
+    class for nearly every row (`gates.fp16_min_agreement`; vectors: each row's cosine, `gates.fp16_min_cosine`)
+    and the task metric within `gates.fp16_max_drop` points."""
+    parity = compare_logits(fp32, fp16, None, gates.fp16_min_cosine if vectors else None)
+    why = []
+    if vectors and parity.min_cosine < gates.fp16_min_cosine:
+        why.append(f"least cosine {parity.min_cosine:.6f} to fp32 (limit {gates.fp16_min_cosine})")
+    if not vectors and parity.argmax_agreement < gates.fp16_min_agreement:
+        why.append(f"argmax agreement {parity.argmax_agreement:.4f} with fp32 (limit {gates.fp16_min_agreement})")
+    if drop > gates.fp16_max_drop:
+        why.append(f"{drop:.2f} points below fp32 (limit {gates.fp16_max_drop})")
+    return {"parity": parity.as_dict(), "metric_drop": round(drop, 3), "passed": not why, "why": "; ".join(why)}
+
+
 def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: int, teacher_max_length: int) -> dict:
-    """Score teacher, compressed torch, ONNX fp32 and int8 on validation and dev; raise on a failed gate.
+    """Score teacher, compressed torch, ONNX fp32, int8 and fp16 on validation and dev; raise on a failed gate.
 
     The gates decide whether the artifact ships, so they look at the validation split carved from train; dev is
     the test and is only reported. Each model sees the text tokenised as it was trained: `max_length` for the
@@ -73,6 +95,7 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
             "compressed_torch": predict_logits(compressed, enc),
             "onnx_fp32": onnx_logits(staging_path / GRAPHS["fp32"], enc),
             "onnx_int8": onnx_logits(staging_path / GRAPHS["int8"], enc),
+            "onnx_fp16": onnx_logits(staging_path / GRAPHS["fp16"], enc),
         }
         metrics[name] = {model: scores(v, teacher_enc if model.startswith("teacher") else enc)
                          for model, v in logits[name].items()}  # fmt: skip
@@ -89,6 +112,8 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
     metric = data.task.metric
     int8_drop = chosen["onnx_fp32"][metric] - chosen["onnx_int8"][metric]
     teacher_score, compressed_score = chosen["teacher"][metric], chosen["onnx_fp32"][metric]
+    fp16_drop = compressed_score - chosen["onnx_fp16"][metric]
+    fp16 = fp16_check(val["onnx_fp32"], val["onnx_fp16"], fp16_drop, gates, bool(kind.vectors))
     report = {
         "examples": splits,
         "gated_on": "validation",
@@ -96,13 +121,14 @@ def run(staging: str, teacher_dir: str, ref: DataRef, gates: Gates, max_length: 
         "onnx_parity": parity.as_dict(),
         "teacher_onnx_parity": teacher_parity.as_dict(),
         "int8_metric_drop": round(int8_drop, 3),
+        "fp16": {k: v for k, v in fp16.items() if k != "why"},
         "gates": gates.model_dump(),
         "metric": metric,
         "metric_drop": round(teacher_score - compressed_score, 3),
         "dev_metric_drop": round(metrics["dev"]["teacher"][metric] - metrics["dev"]["onnx_fp32"][metric], 3),
         "max_length": max_length,
     }
-    failures = gate_failures(parity, int8_drop, gates, metric, teacher_score, compressed_score)
+    failures = gate_failures(parity, int8_drop, gates, metric, teacher_score, compressed_score, fp16)
     report["passed"] = not failures
     for split, per_model in metrics.items():
         for name, m in per_model.items():

@@ -84,22 +84,31 @@ def task_artifacts(out: Path) -> dict:
                    "doc_stride": window_stride(session.max_length)}  # fmt: skip
         if task == "squad":
             assert max(len(session.encode([q])) for q in asked) > 1, "no context was windowed"
-        expected[artifact.name] = {"kind": kind, "inputs": items, **windows, "model.onnx": answers,
-                                   "model.int8.onnx": graph_outputs(artifact)}  # fmt: skip
+        graphs = {g: graph_outputs(artifact, g) for g in ("model.int8.onnx", "model.fp16.onnx")}
+        expected[artifact.name] = {"kind": kind, "inputs": items, **windows, "model.onnx": answers, **graphs}
     return expected
 
 
-def graph_outputs(artifact: Path) -> dict:
-    """The int8 graph's outputs on a fixed padded batch, by output name. int8 quantises activations by each batch's
-    range, so a pipeline that pads otherwise than the session may flip a random model's near-tied answers: the int8
-    graph is compared tensor for tensor on the same inputs, the fp32 graph answer for answer."""
+def graph_outputs(artifact: Path, graph: str) -> dict:
+    """The int8 or fp16 graph's outputs on a fixed padded batch, by output name. int8 quantises activations by each
+    batch's range, and fp16 rounds, so a pipeline that pads otherwise than the session may flip a random model's
+    near-tied answers: those graphs are compared tensor for tensor on the same inputs, the fp32 graph answer for
+    answer."""
     ids, mask = sample_inputs()
     feeds = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": np.zeros_like(ids.numpy())}
-    session = ort.InferenceSession(str(artifact / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(artifact / graph), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     outputs = session.run(None, {n: feeds[n] for n in names})
     return {"inputs": {n: feeds[n].tolist() for n in names},
             "outputs": {o.name: v.tolist() for o, v in zip(session.get_outputs(), outputs, strict=True)}}  # fmt: skip
+
+
+# the sentence-transformers layout's graphs, and the precision the serving session reads each from
+ST_PRECISIONS = (
+    ("onnx/model.onnx", "fp32"),
+    ("onnx/model_qint8_avx512_vnni.onnx", "int8"),
+    ("onnx/model_O4.onnx", "fp16"),
+)
 
 
 def embedder(out: Path) -> dict:
@@ -118,7 +127,7 @@ def embedder(out: Path) -> dict:
     texts = ["A man is playing a guitar.", "Someone plays an instrument.", "The cat sleeps on the mat."]
     answers = {
         graph: np.asarray(ArtifactSession(artifact, precision=precision, spinning=False).predict(texts))
-        for graph, precision in (("onnx/model.onnx", "fp32"), ("onnx/model_qint8_avx512_vnni.onnx", "int8"))
+        for graph, precision in ST_PRECISIONS
     }
     return {artifact.name: {"kind": "sentence-embedding", "inputs": texts,
                             **{graph: v.tolist() for graph, v in answers.items()}}}  # fmt: skip

@@ -83,10 +83,11 @@ def test_transformers_pipelines_over_optimum_answer_as_the_server(name):
 
 
 @pytest.mark.parametrize("name", TASKS)
-def test_optimum_runs_each_kinds_int8_graph_as_onnx_runtime_does(name):
+@pytest.mark.parametrize("graph", ["model.int8.onnx", "model.fp16.onnx"])
+def test_optimum_runs_each_kinds_int8_and_fp16_graphs_as_onnx_runtime_does(name, graph):
     import torch
 
-    entry, graph = EXPECTED[name], "model.int8.onnx"
+    entry = EXPECTED[name]
     model = _pipeline(name, graph).model
     out = model(**{k: torch.tensor(v) for k, v in entry[graph]["inputs"].items()})
     for output, want in entry[graph]["outputs"].items():
@@ -94,7 +95,7 @@ def test_optimum_runs_each_kinds_int8_graph_as_onnx_runtime_does(name):
 
 
 @pytest.mark.parametrize("name", _of("sentence-embedding"))
-@pytest.mark.parametrize("graph", ["onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"])
+@pytest.mark.parametrize("graph", ["onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx", "onnx/model_O4.onnx"])
 def test_sentence_transformers_onnx_backend_gives_the_servers_vectors(name, graph):
     from sentence_transformers import SentenceTransformer
 
