@@ -8,6 +8,7 @@ all (pinned in pyproject.toml).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 
@@ -74,15 +75,36 @@ def serve_until_stopped(flow, name: str, schedule, parameters: dict) -> None:
             client.pause_deployment(client.read_deployment_by_name(f"{flow.name}/{name}").id)
 
 
-def register_on_pool(flow, name: str, schedule, parameters: dict, work_pool: str) -> None:
+def parse_job_variables(text: str | None, work_pool: str | None) -> dict | None:
+    """`--job-variables`: a JSON object, and only beside `--work-pool` (a served deployment has no pool to read
+    them); one line otherwise."""
+    if text is None:
+        return None
+    if work_pool is None:
+        raise PipelineError("--job-variables needs --work-pool: they are the pool's settings for this deployment")
+    try:
+        variables = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PipelineError(f"--job-variables is not JSON: {e}") from None
+    if not isinstance(variables, dict):
+        raise PipelineError(f"--job-variables must be a JSON object, not {type(variables).__name__}")
+    return variables
+
+
+def register_on_pool(flow, name: str, schedule, parameters: dict, work_pool: str, job_variables: dict | None = None):
     """Register `flow` as a deployment on `work_pool`, by module path (the package is installed where the worker
-    runs, so there is no code to upload)."""
+    runs, so there is no code to upload), with the pool's `job_variables` for it (a GPU request, an image: the
+    pool's base job template says which it takes, docs/work-pools.md)."""
     from prefect import deploy
     from prefect.deployments.runner import EntrypointType
     from prefect.exceptions import ObjectNotFound
 
     deployment = flow.to_deployment(
-        name, schedule=schedule, parameters=parameters, entrypoint_type=EntrypointType.MODULE_PATH
+        name,
+        schedule=schedule,
+        parameters=parameters,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        job_variables=job_variables,
     )
     try:
         deploy(deployment, work_pool_name=work_pool, build=False, push=False, print_next_steps_message=False)

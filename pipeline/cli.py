@@ -254,16 +254,30 @@ def schedule(
         ),
     ] = None,
     timezone: Annotated[str | None, typer.Option(help="Time zone of the cron expression (default UTC).")] = None,
+    job_variables: Annotated[
+        str | None,
+        typer.Option(
+            help="With --work-pool: the pool's job variables for this deployment, a JSON object, e.g. "
+            '\'{"gpu": 1, "image": "encoder-deploy:gpu"}\' (docs/work-pools.md).'
+        ),
+    ] = None,
     **options,
 ) -> None:
     """Run `deploy` on a schedule against a Prefect server (PREFECT_API_URL): served from this process until
     stopped, or registered on a work pool for a worker. Takes every `deploy` option."""
     _setup_logging()
     _prefect_defaults()
-    from flows.schedule import check_prefect_api, make_schedule, register_on_pool, serve_until_stopped
+    from flows.schedule import (
+        check_prefect_api,
+        make_schedule,
+        parse_job_variables,
+        register_on_pool,
+        serve_until_stopped,
+    )
     from pipeline.errors import PipelineError
 
     try:
+        variables = parse_job_variables(job_variables, work_pool)
         when = make_schedule(cron, interval, timezone)
         request = _request(**options)
         api = check_prefect_api()
@@ -275,7 +289,7 @@ def schedule(
     parameters = {"request": request.model_dump(mode="json")}
     if work_pool:
         try:
-            register_on_pool(deploy_flow, name, when, parameters, work_pool)
+            register_on_pool(deploy_flow, name, when, parameters, work_pool, variables)
         except PipelineError as e:
             _fail(e, 2)
         typer.echo(

@@ -2,6 +2,7 @@
 ephemeral server runs no scheduler), `pipeline schedule --interval` serving the deploy flow, and a scheduled run
 picked up and completed with its artifact. Plus the refusals, which stop before any server is contacted."""
 
+import json
 import os
 import signal
 import subprocess
@@ -93,3 +94,61 @@ def test_a_bad_schedule_is_one_line(monkeypatch, tmp_path, extra, env, needle):
     data = Path(__file__).parents[1] / "pipeline" / "data" / "samples" / "sst2"
     args = ["schedule", "--method", "mlp_fusion", "--task", "sst2", "--data-dir", str(data), *extra]
     assert_one_line_error(CliRunner().invoke(app, args), needle)  # before any server or flow is contacted
+
+
+@pytest.mark.e2e
+def test_a_gpu_work_pool_takes_a_scheduled_deploy_with_its_job_variables(tmp_path):
+    """docs/work-pools.md's recipe against a real server: the Kubernetes pool made from the project's GPU template
+    and a process pool; `pipeline schedule --work-pool --job-variables` registers on each, and the pool's template
+    renders the deployment's GPU request into the job's manifest."""
+    from prefect.utilities.templating import apply_values
+
+    template = Path(__file__).parents[1] / "flows" / "work_pools" / "kubernetes-gpu.json"
+    server, env = start_prefect_server(tmp_path / "prefect-home")
+    try:
+        for pool, kind, extra in (("gpu-k8s", "kubernetes", ["--base-job-template", str(template)]),
+                                  ("gpu-process", "process", [])):  # fmt: skip
+            made = subprocess.run([sys.executable, "-m", "prefect", "work-pool", "create", pool, "--type", kind,
+                                   *extra], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert made.returncode == 0, made.stdout + made.stderr
+        data = Path(__file__).parents[1] / "pipeline" / "data" / "samples" / "sst2"
+        common = [
+            "schedule",
+            "--method",
+            "mlp_fusion",
+            "--task",
+            "sst2",
+            "--data-dir",
+            str(data),
+            "--cron",
+            "0 3 * * *",
+        ]
+        cases = {"gpu-k8s": {"gpu": 2, "image": "registry.local/encoder-deploy:gpu"},
+                 "gpu-process": {"env": {"CUDA_VISIBLE_DEVICES": "0"}}}  # fmt: skip
+        for pool, variables in cases.items():
+            args = [*common, "--work-pool", pool, "--job-variables", json.dumps(variables), "--name", f"on-{pool}"]
+            result = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True,
+                                    text=True, timeout=300)  # fmt: skip
+            assert result.returncode == 0 and f"on work pool {pool}" in result.stdout, result.stderr[-2000:]
+        api = env["PREFECT_API_URL"]
+        for pool, variables in cases.items():
+            deployment = httpx.get(f"{api}/deployments/name/deploy/on-{pool}", timeout=30).json()
+            assert deployment["work_pool_name"] == pool and deployment["job_variables"] == variables
+        base = httpx.get(f"{api}/work_pools/gpu-k8s", timeout=30).json()["base_job_template"]
+        defaults = {k: v.get("default") for k, v in base["variables"]["properties"].items()}
+        job = apply_values(base["job_configuration"], {**defaults, **cases["gpu-k8s"]})
+        container = job["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+        assert container["image"] == "registry.local/encoder-deploy:gpu"
+    finally:
+        stop_prefect_server(server)
+
+
+def test_job_variables_without_a_pool_or_not_an_object_are_one_line(tmp_path):
+    data = Path(__file__).parents[1] / "pipeline" / "data" / "samples" / "sst2"
+    args = ["schedule", "--method", "mlp_fusion", "--task", "sst2", "--data-dir", str(data), "--interval", "60"]
+    cases = ((["--job-variables", "{}"], "--job-variables needs --work-pool"),
+             (["--work-pool", "p", "--job-variables", "[1]"], "must be a JSON object, not list"),
+             (["--work-pool", "p", "--job-variables", "{gpu"], "--job-variables is not JSON"))  # fmt: skip
+    for extra, needle in cases:
+        assert_one_line_error(CliRunner().invoke(app, [*args, *extra]), needle)
