@@ -230,8 +230,8 @@ def convert_fp16(src: str | Path, dst: str | Path) -> dict[str, int]:
     """The fused fp32 graph `src` in fp16 (weights and activations), for CUDA: inputs and outputs stay as they were
     (int64 ids in, fp32 logits or vectors out), and the ops ORT's converter keeps in fp32 by default stay fp32 (it
     casts around them). ORT's CPU provider runs it too, so its accuracy gate is measured on every machine; on the
-    CPU it is no faster than fp32 (AVX-512 EPYC: 114 against 113 ms, docs/results.md), so the CPU benchmark does
-    not time it."""
+    CPU it is no faster than fp32 (AVX-512 EPYC, 8 x 128: 30.1 against 28.7 ms, docs/results.md), so the CPU
+    benchmark does not time it."""
     import onnx
     from onnxruntime.transformers.onnx_model import OnnxModel
 
