@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 
 from export.onnx import export_optimized
 from pipeline.config.schema import Gates
@@ -147,3 +148,23 @@ def test_the_cpu_benchmark_skips_fp16_graphs_and_says_why(tmp_path_factory):
     assert {c["model"] for c in result["cells"]} == {"compressed"}
     assert result["skipped"] == [{"model": "compressed-fp16", "provider": "CPUExecutionProvider",
                                   "reason": "fp16 graph is for CUDA (no faster than fp32 on a CPU)"}]  # fmt: skip
+
+
+def test_the_torch_latency_script_times_each_model_against_the_first(tmp_path):
+    """benchmarks/torch_latency.py, the GPU figure where only torch has CUDA, run here on the CPU in fp32."""
+    from benchmarks.torch_latency import main
+    from tests.helpers import write_tiny_family_dir
+
+    dense = write_tiny_family_dir(tmp_path / "dense", "bert", layers=3, ffn=40)
+    small = write_tiny_family_dir(tmp_path / "small", "bert", layers=1, ffn=8)
+    out = tmp_path / "t.json"
+    args = [f"dense={dense}", f"small={small}", "--device", "cpu", "--batch", "1", "2", "--seq", "8", "--runs", "3"]
+    assert main([*args, "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["dtype"] == "torch.float32" and len(record["cells"]) == 4
+    assert [(r["model"], r["batch"]) for r in record["speedups"]] == [("small", 1), ("small", 2)]
+    assert all(c["p50_ms"] > 0 for c in record["cells"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as refused:
+            main([f"dense={dense}", "--device", "cuda"])
+        assert refused.value.code == 2
