@@ -78,9 +78,16 @@ def time_models(models: dict, batches: list[int], seqs: list[int], runs: int, de
 
 def speedups(cells: list[dict], baseline: str) -> list[dict]:
     base = {(c["batch"], c["seq"]): c["p50_ms"] for c in cells if c["model"] == baseline}
-    ratio = {id(c): base[(c["batch"], c["seq"])] / c["p50_ms"] for c in cells}
-    keep = ("model", "batch", "seq")
-    return [{**{k: c[k] for k in keep}, "speedup": ratio[id(c)]} for c in cells if c["model"] != baseline]
+    return [
+        {
+            "model": c["model"],
+            "batch": c["batch"],
+            "seq": c["seq"],
+            "speedup": base[c["batch"], c["seq"]] / c["p50_ms"],
+        }
+        for c in cells
+        if c["model"] != baseline
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

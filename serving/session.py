@@ -18,10 +18,10 @@ from tokenizers import Tokenizer
 from serving.artifact import (
     CONFIG,
     GRAPHS,
-    LATER_GRAPHS,
     TASK_KEY,
     TOKENIZER,
     ArtifactError,
+    graphs_in,
     max_positions,
     task_kind,
     trained_length,
@@ -77,7 +77,7 @@ class ArtifactSession:
         self.max_windows = max_windows
         if precision not in GRAPHS:
             raise ArtifactError(f"precision must be one of {', '.join(GRAPHS)}")
-        if not (self.path / GRAPHS[precision]).is_file() and precision in LATER_GRAPHS:
+        if precision not in graphs_in(self.path):
             raise ArtifactError(f"{self.path} has no {GRAPHS[precision]} (made before {precision} graphs): serve "
                                 "fp32 or int8, or deploy it again")  # fmt: skip
         providers = _providers(device)

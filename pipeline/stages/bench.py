@@ -81,12 +81,7 @@ def run(
             r["flop_bound"] = bounds[r["seq"]]
             r["fraction_of_bound"] = r["speedup_p50"] / bounds[r["seq"]]
     plot = plot_latency(result, staging_path / LATENCY_PLOT, title="ONNX Runtime latency: dense vs compressed")
-    vs_int8 = {
-        (r["provider"], r["batch"], r["seq"], r["model"]): r["speedup_p50"] for r in speedups(result, "dense-int8")
-    }
-    vs_fp16 = {
-        (r["provider"], r["batch"], r["seq"], r["model"]): r["speedup_p50"] for r in speedups(result, "dense-fp16")
-    }
+    vs_int8, vs_fp16 = _by_cell(result, "dense-int8"), _by_cell(result, "dense-fp16")
     for r in ratios:  # dense int8 is the one-command alternative a user weighs the artifact against; on a GPU, fp16
         r["speedup_vs_dense_int8"] = vs_int8.get((r["provider"], r["batch"], r["seq"], r["model"]))
         if (fp16 := vs_fp16.get((r["provider"], r["batch"], r["seq"], r["model"]))) is not None:
@@ -111,11 +106,15 @@ def run(
     }
 
 
+def _by_cell(result: dict, baseline: str) -> dict:
+    """Each model's p50 speedup against `baseline`, by (provider, batch, seq, model)."""
+    return {(r["provider"], r["batch"], r["seq"], r["model"]): r["speedup_p50"] for r in speedups(result, baseline)}
+
+
 def _fp16_graphs(staging: Path, settings: BenchSettings) -> dict:
     """Where CUDA will be timed: the artifact's fp16 graph and the dense teacher's (converted here, into the work
     folder: a CPU-only run neither needs nor writes it)."""
-    available = ort.get_available_providers()
-    if CUDA not in (settings.providers or available) or CUDA not in available:
+    if CUDA not in ort.get_available_providers() or CUDA not in (settings.providers or (CUDA,)):
         return {}
     dense = staging / WORK / DENSE_FP16
     if not dense.is_file():
