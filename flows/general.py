@@ -7,19 +7,22 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import interrupts
+from pipeline import interrupts, launch
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.paths import check_new_folder
 from pipeline.stages import general
 
-general_task = task(general.run, name="general-distillation", cache_policy=NO_CACHE)
+general_task = task(launch.ranked("general")(general.run), name="general-distillation", cache_policy=NO_CACHE)
 
 
 @flow(name="distill-general", log_prints=True)
-def distill_general(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str, output: str) -> str:
-    """The student folder at `output` (which must not exist yet)."""
+def distill_general(
+    model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str, output: str, nproc: int = 1
+) -> str:
+    """The student folder at `output` (which must not exist yet); trained on `nproc` processes."""
     interrupts.rearm()  # Prefect's flow engine has just replaced the SIGTERM handler with its own
-    report = general_task(model_dir, corpus_dir, cfg, cache_dir)
+    with launch.processes(nproc):
+        report = general_task(model_dir, corpus_dir, cfg, cache_dir)
     return publish(Path(report["path"]), Path(output))
 
 

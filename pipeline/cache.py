@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline import checkpoints
+from pipeline import checkpoints, distributed
 from serving.artifact import sha256
 
 log = logging.getLogger(__name__)
@@ -64,14 +64,23 @@ def _locked(lock_file: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
-    """Return (entry folder, hit). On a miss, `build(tmp_folder)` fills a temporary folder first."""
+def cached_build(
+    root: Path, stage: str, key: str, build: Callable[[Path], None], trains: bool = False
+) -> tuple[Path, bool]:
+    """Return (entry folder, hit). On a miss, `build(tmp_folder)` fills a temporary folder first.
+
+    Under torchrun rank 0 alone decides and writes; the other ranks follow its hit or miss and wait until its
+    entry is in place. A build that `trains` runs on every rank (training is collective), the others' into a
+    throwaway folder (transformers 5 writes models on rank 0 only)."""
     final = Path(root) / stage / key
+    if not distributed.is_main():
+        return _follow_main(final, key, build, trains)
     if (final / DONE).is_file():
+        distributed.from_main(True)
         return final, True
     final.parent.mkdir(parents=True, exist_ok=True)
     with _locked(final.parent / f".{key}.lock"):
-        if (final / DONE).is_file():  # another run built it while this one waited
+        if distributed.from_main((final / DONE).is_file()):  # another run built it while this one waited
             return final, True
         for leftover in [*final.parent.glob(f".{key}-*"), final]:  # a crashed builder's; nobody else holds the key
             if leftover.is_dir():
@@ -84,23 +93,43 @@ def cached_build(root: Path, stage: str, key: str, build: Callable[[Path], None]
                 build(tmp)
             (tmp / DONE).write_text("")
             os.replace(tmp, final)
+            distributed.barrier()  # the other ranks are done reading the checkpoints; the entry is theirs to read
             shutil.rmtree(resume, ignore_errors=True)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final, False
 
 
+def _follow_main(final: Path, key: str, build: Callable[[Path], None], trains: bool) -> tuple[Path, bool]:
+    """A rank other than 0: rank 0's hit, or its entry once built (a training build: the same build beside it,
+    into a folder that is thrown away)."""
+    if distributed.from_main(False):
+        return final, True
+    if not trains:
+        distributed.barrier()
+        return final, False
+    resume = final.parent / f".{key}.resume"  # rank 0's checkpoints, read when resuming
+    with tempfile.TemporaryDirectory(prefix=f"{key}-rank{distributed.rank()}-") as tmp, checkpoints.scope(resume):
+        build(Path(tmp))
+    distributed.barrier()
+    return final, False
+
+
 def cached_stage(
-    cache_dir: str | Path, folder: str, key_parts: dict[str, Any], build: Callable[[Path], dict]
+    cache_dir: str | Path,
+    folder: str,
+    key_parts: dict[str, Any],
+    build: Callable[[Path], dict],
+    trains: bool = False,
 ) -> tuple[Path, bool, dict]:
     """A stage's cached output: the entry keyed by `key_parts` (`key_of`) under `folder`, built on a miss by
-    `build(entry)`, whose returned report is kept beside the entry. Returns (entry, hit, report): a hit reports
-    what the build did."""
+    `build(entry)`, whose returned report is kept beside the entry (`trains`: the build trains, on every rank under
+    torchrun). Returns (entry, hit, report): a hit reports what the build did."""
 
     def built(out: Path) -> None:
         write_report(out, build(out))
 
-    path, hit = cached_build(Path(cache_dir), folder, key_of(**key_parts), built)
+    path, hit = cached_build(Path(cache_dir), folder, key_of(**key_parts), built, trains)
     return path, hit, read_report(path)
 
 

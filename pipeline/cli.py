@@ -102,6 +102,12 @@ def _prefect_defaults() -> None:
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks
 
 
+NPROC_HELP = (
+    "Train each training stage on N processes with torchrun (data-parallel: one per GPU, or gloo on CPUs), the "
+    "recipe's batch shared out; PIPELINE_LAUNCHER gives a multi-machine launch (docs/distributed.md)."
+)
+
+
 @app.command()
 def deploy(
     method: Annotated[
@@ -177,6 +183,7 @@ def deploy(
         str | None,
         typer.Option(help="Sign the artifact (model.sig) with this elliptic-curve private key (PEM)."),
     ] = None,
+    nproc: Annotated[int, typer.Option(help=NPROC_HELP)] = 1,
 ) -> None:
     """Compress a model for a task and write a validated, benchmarked ONNX artifact."""
     options = dict(locals())
@@ -518,6 +525,7 @@ def distill_general(
         list[str] | None, typer.Option("--set", help="Override any recipe key: --set relation_heads=16")
     ] = None,
     cache_dir: Annotated[str | None, typer.Option(help="Cache of teachers and students.")] = None,
+    nproc: Annotated[int, typer.Option(help=NPROC_HELP)] = 1,
 ) -> None:
     """Distil a general (task-agnostic) student from a pre-trained encoder on unlabelled text, once for every task
     (then `pipeline deploy --model STUDENT`)."""
@@ -525,16 +533,46 @@ def distill_general(
     _setup_logging()
 
     def run() -> str:
-        from pipeline.request import prepare_general
+        from pipeline.request import check_nproc, prepare_general
 
+        nproc = options.pop("nproc")
         args = prepare_general(**options)
+        check_nproc(nproc, {"train.device": args[2].train.device})
         _prefect_defaults()
         from flows.general import distill_general as general_flow
 
         _watch_helpers()
-        return general_flow(*args)
+        return general_flow(*args, nproc=nproc)
 
     typer.echo(_guarded(run))
+
+
+@app.command()
+def join(
+    folder: Annotated[str, typer.Argument(help="The head machine's PIPELINE_RANKS_DIR (a folder both machines see).")],
+    launcher: Annotated[
+        str,
+        typer.Option(
+            help="This machine's torchrun command, e.g. 'torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8 "
+            "--master-addr HEAD --master-port 29500'."
+        ),
+    ],
+) -> None:
+    """Another machine's share of a multi-machine training run: start this machine's ranks of every training stage
+    the head launches (docs/distributed.md), until stopped."""
+    _setup_logging()
+    from pipeline import launch
+
+    def run() -> None:
+        os.environ[launch.LAUNCHER_ENV] = launcher
+        command = launch.launcher()  # checked like the head's
+        if not Path(folder).is_dir():
+            from pipeline.errors import PipelineError
+
+            raise PipelineError(f"{folder}: no such folder (the head's PIPELINE_RANKS_DIR)")
+        launch.join(Path(folder), command)
+
+    _guarded(run)
 
 
 @app.command("base-model")

@@ -52,6 +52,19 @@ def check_devices(devices: dict[str, str]) -> None:
             raise PipelineError(f"{key}={dev}, but this machine has {have}; use auto or cpu")
 
 
+def check_nproc(nproc: int, devices: dict[str, str]) -> None:
+    """`--nproc` processes fit this machine: on GPUs, one GPU each (NCCL cannot share one between ranks)."""
+    if nproc < 1:
+        raise PipelineError(f"--nproc {nproc}: expected 1 or more processes")
+    if nproc == 1 or all(dev == "cpu" for dev in devices.values()):
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus and nproc > gpus:
+        raise PipelineError(f"--nproc {nproc}: this machine has {gpus} GPU(s), one per process; use --nproc {gpus}")
+
+
 def build_deploy_config(
     method: str,
     task: str,
@@ -171,6 +184,7 @@ class DeployRequest(BaseModel):
     cache_dir: str
     data_source: str
     sign_key: str | None = None  # an elliptic-curve private key (PEM): the artifact is signed with it
+    nproc: int = 1  # processes each training stage runs on (`pipeline.launch`); results do not depend on it
 
     @property
     def task(self) -> TaskSpec:
@@ -212,6 +226,7 @@ def prepare_request(
     recipe: str | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     sign_key: str | None = None,
+    nproc: int = 1,
 ) -> DeployRequest:
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
     task, custom = resolve_task(task, task_file)
@@ -247,6 +262,7 @@ def prepare_request(
         method_cfg.preflight(Path(model_dir), Path(teacher) if teacher else None, model_cfg, spec)
         devices[f"{section}.train.device"] = method_cfg.train.device
     check_devices(devices)
+    check_nproc(nproc, devices)
     if kd_teacher is not None and kd_model is not None:
         raise PipelineError("name one KD teacher: --kd-teacher (fine-tuned) or --kd-model (to fine-tune), not both")
     if kd_teacher is not None:
@@ -270,6 +286,7 @@ def prepare_request(
         cache_dir=str(cache.resolve()),
         data_source=resolve_source(spec, data_dir, hub),
         sign_key=sign_key,
+        nproc=nproc,
     )
     request.data.load()  # files, columns, labels, emptiness: all checked now
     return request

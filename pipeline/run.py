@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pipeline import interrupts
+from pipeline import interrupts, launch
 from pipeline.compress.deploy_config import DeployConfig
 from pipeline.errors import PipelineError
 from pipeline.request import DeployRequest, checked_signing_key
@@ -28,10 +28,13 @@ from pipeline.staging import WORK, artifact_name, discard, new_staging, publishe
 from serving.artifact import PYTORCH
 
 STATE_FILE = "state.json"
-# each stage's plain function, by the stage's name (the Prefect tasks in `flows/stage_tasks.py` wrap these)
+TRAINING = ("teacher", "kd_teacher", "compress")
+# each stage's plain function, by the stage's name (the Prefect tasks in `flows/stage_tasks.py` wrap these); the
+# training stages run on several processes where the Run asks for them (`pipeline.launch`)
 PLAIN: dict[str, Callable] = {
-    m.__name__.rpartition(".")[2]: m.run
+    name: launch.ranked(name)(m.run) if name in TRAINING else m.run
     for m in (data, teacher, kd_teacher, plan, compress, compact, export, validate, bench, package)
+    for name in [m.__name__.rpartition(".")[2]]
 }
 
 
@@ -50,13 +53,15 @@ class Run:
     compressed: dict | None = None
     reports: dict = field(default_factory=dict)  # compaction, export, validation, speed
     timings: dict = field(default_factory=dict)
+    nproc: int = 1  # processes each training stage runs on (torchrun, data-parallel)
     stages: Mapping[str, Callable] = field(default_factory=lambda: PLAIN, repr=False)
     announce: Callable[[dict], None] | None = field(default=None, repr=False)
 
     def timed(self, name: str, *args: Any) -> Any:
         interrupts.check()  # a stage boundary: a stop signal whose raise was dropped ends the run here
         start = time.perf_counter()
-        result = self.stages[name](*args)
+        with launch.processes(self.nproc):
+            result = self.stages[name](*args)
         self.timings[name] = round(time.perf_counter() - start, 1)
         interrupts.check()
         return result
@@ -85,7 +90,7 @@ def prepare(request: DeployRequest, stages: Mapping[str, Callable] = PLAIN) -> R
     """Data, teacher, the KD teacher when one is asked for, and (for a speed target) the plan, whose configuration
     then replaces the requested one."""
     cfg, ref = request.config, request.data
-    run = Run(cfg, stages=stages)
+    run = Run(cfg, nproc=request.nproc, stages=stages)
     run.data = run.timed("data", ref)
     run.teacher = run.timed("teacher", request.model, request.teacher, ref, cfg.teacher, request.cache_dir)
     if request.kd_model or request.kd_teacher:

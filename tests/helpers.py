@@ -80,6 +80,7 @@ def tiny_model(
     init_range: float = 0.2,
     heads: int = 2,
     masked_lm: bool = False,
+    dropout: float = 0.1,
 ):
     """A random `{Bert,Roberta}ForSequenceClassification`: hidden 32, `heads` heads (of size 32/heads), FFN 64.
 
@@ -106,6 +107,8 @@ def tiny_model(
         num_labels=num_labels,
         initializer_range=init_range,
         id2label={i: f"LABEL_{i}" for i in range(num_labels)},
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     if family == "bert":
         return (BertForMaskedLM if masked_lm else BertForSequenceClassification)(BertConfig(**common)).eval()

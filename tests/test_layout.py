@@ -40,13 +40,13 @@ def unit(module: str) -> str:
     if parts[0] in ("export", "flows", "serving"):
         return parts[0]
     sub = parts[1] if len(parts) > 1 else ""
-    if sub in ("sweep", "pareto", "evaluate"):  # a sweep's requests and its analysis, `evaluate`: beside the request
-        return "request"
+    if sub in ("sweep", "pareto", "evaluate", "launch"):  # a sweep's requests and its analysis, `evaluate`, and
+        return "request"  # launching the training stages on several processes: beside the request
     if sub == "model_card":  # the package stage's model card
         return "stages"
     if sub in ("config", "kinds", "data", "models", "train", "compress", "stages", "request", "run", "cli"):
         return sub
-    return "base"  # pipeline/__init__, errors, cache, paths, report, interrupts, watchdog, staging, jsonfile
+    return "base"  # __init__, errors, cache, paths, report, interrupts, watchdog, staging, jsonfile, distributed
 
 
 def project_modules() -> dict[str, Path]:

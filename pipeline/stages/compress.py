@@ -130,7 +130,7 @@ def _compress_one(
         save_model(model, tokenizer, out)
         return ctx.report
 
-    path, hit, report = cached_stage(cache_dir, "compressed", key, build)
+    path, hit, report = cached_stage(cache_dir, "compressed", key, build, trains=True)
     log.info("compress (%s): %s (%s)", method.name, path, "cached" if hit else "computed now")
     return {"path": str(path), "cached": hit, "method": method.name, **report}
 

@@ -99,7 +99,7 @@ def run(model_dir: str, corpus_dir: str, cfg: GeneralConfig, cache_dir: str) -> 
 
     key = dict(stage="general", v=GENERAL_VERSION, model=dir_digest(Path(model_dir)), corpus=corpus.fingerprint,
                cfg=cfg.model_dump())  # fmt: skip
-    path, hit, report = cached_stage(cache_dir, "general", key, build)
+    path, hit, report = cached_stage(cache_dir, "general", key, build, trains=True)
     log.info("general student: %s (%s)", path, "cached" if hit else "distilled now")
     return {"path": str(path), "cached": hit, **report}
 

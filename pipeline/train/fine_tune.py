@@ -38,4 +38,4 @@ def fine_tuned(model_dir: str, data: TaskData, cfg: TrainConfig, cache_dir: str)
 
     key = dict(stage="teacher", v=TEACHER_VERSION, model=dir_digest(Path(model_dir)), data=data.fingerprint,
                cfg=cfg.model_dump())  # fmt: skip
-    return cached_stage(cache_dir, "teachers", key, build)
+    return cached_stage(cache_dir, "teachers", key, build, trains=True)

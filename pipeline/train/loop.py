@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline import checkpoints, interrupts
+from pipeline import checkpoints, distributed, interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import iter_batches
 from pipeline.errors import PipelineError
@@ -140,8 +140,8 @@ def train(
     """
     device = resolve_device(cfg.device)
     check_precision(cfg, device)
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed + RANK_SEED_STRIDE * distributed.rank())  # dropout: each rank its own masks
+    gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one order, which the ranks share out
     model.to(device).train()
     if teacher is not None:
         teacher.to(device).eval()
@@ -156,6 +156,7 @@ def train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, steps, cfg.warmup_ratio, cfg.cycles))
     average = TailAverage([p for _, p in named if p.requires_grad], steps - min(cfg.average_steps, steps))
     saver = _Saver(checkpoints.next_phase(desc), model, named, state, opt, sched, gen, average)
+    step_loss = distributed.replicated(model, [p for _, p in _outside(model, named)], loss_fn, device)
     resumed = saver.restore(result)
     if resumed is not None and resumed.step >= steps:
         log.info("%s: finished before, restored from %s", desc, saver.phase.path)
@@ -173,12 +174,13 @@ def train(
         )
         for position, batch in enumerate(itertools.islice(batches, skip, None), start=skip + 1):
             interrupts.check()  # a stop signal whose raise was dropped ends training within a step
+            batch, weight = distributed.shard(batch)  # under torchrun, this rank's rows of the batch
             batch = {k: v.to(device) for k, v in batch.items()}
             if before_step is not None:
                 before_step(step)
             late = step >= steps - cfg.fake_quant_steps  # the last steps see the int8 graph's rounding
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), fake_int8(model, late):
-                loss = loss_fn(model, batch)
+                loss = step_loss(batch) * weight
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in groups for p in g["params"]], 1.0)
             opt.step()
@@ -186,7 +188,8 @@ def train(
             opt.zero_grad(set_to_none=True)
             step += 1
             average.update(step)
-            running = loss.item() if running is None else 0.9 * running + 0.1 * loss.item()
+            value = distributed.mean(loss).item()  # the whole batch's loss, on every rank
+            running = value if running is None else 0.9 * running + 0.1 * value
             entry = {"step": step, "loss": round(running, 5)}
             if val_enc is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
                 validation = scores(predict_logits(model, val_enc), val_enc)
@@ -207,6 +210,7 @@ def train(
                 saver.save(result, _Position(step, running, position, epoch_state))
         skip = 0
     bar.close()
+    del step_loss  # a DDP wrapper's gradient hooks go with it, before the next phase wraps the model again
     average.apply()
     if val_enc is not None:
         result.validation = scores(predict_logits(model, val_enc), val_enc)
@@ -215,6 +219,9 @@ def train(
     log.info("%s: %d steps in %.1fs, validation %s", desc, steps, result.seconds, result.validation)
     saver.save(result, None)  # finished: a resumed stage skips this phase
     return _finish(model, teacher, result)
+
+
+RANK_SEED_STRIDE = 1_000_003  # rank r's dropout seed is seed + r * this: rank 0's is the single process's
 
 
 def adamw(groups: list[dict], lr: float, device: torch.device) -> torch.optim.AdamW:
@@ -291,19 +298,18 @@ class _Saver:
     def due(self, step: int) -> bool:
         return self.phase is not None and step % self.phase.every == 0
 
-    def _outside(self) -> list[tuple[str, nn.Parameter]]:
-        """Trained parameters that are not the model's own (distillation's projections, SMP's mask scores)."""
-        own = {id(p) for p in self.model.parameters()}
-        return [(n, p) for n, p in self.named if id(p) not in own]
-
     def save(self, result: TrainResult, at: _Position | None) -> None:
+        """Write the checkpoint (rank 0 does; every rank takes part, for the ranks' random states)."""
         if self.phase is None:
+            return
+        rng = _rng_state()
+        if not distributed.is_main():
             return
         snapshot = {
             "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "params": {n: p.detach().cpu() for n, p in self._outside()},
+            "params": {n: p.detach().cpu() for n, p in _outside(self.model, self.named)},
             "state": self.state.state_dict() if self.state is not None else None,
-            "rng": _rng_state(),
+            "rng": rng,
             "result": {"seconds": result.seconds, "history": result.history, "validation": result.validation},
         }
         if at is None:
@@ -323,7 +329,7 @@ class _Saver:
             return None
         self.model.load_state_dict(saved["model"])
         with torch.no_grad():
-            for n, p in self._outside():
+            for n, p in _outside(self.model, self.named):
                 p.copy_(saved["params"][n])
         if self.state is not None:
             self.state.load_state_dict(saved["state"])
@@ -342,15 +348,36 @@ class _Saver:
         return _Position(at["step"], at["running"], at["position"], saved["epoch_state"])
 
 
+def _outside(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
+    """Trained parameters that are not the model's own (distillation's projections, SMP's mask scores)."""
+    own = {id(p) for p in model.parameters()}
+    return [(n, p) for n, p in named if id(p) not in own]
+
+
 def _rng_state() -> dict:
-    """The global generators dropout draws from."""
-    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    """The global generators dropout draws from; under torchrun, every rank's (a collective: all ranks call it)."""
+    state = {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    if distributed.active():
+        state["ranks_cpu"] = distributed.gathered(state["cpu"])
+        if torch.cuda.is_available():  # each rank's own GPU
+            state["ranks_cuda"] = distributed.gathered(torch.cuda.get_rng_state())
+    return state
 
 
 def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["cpu"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    """Restore the generators; a rank restores its own where the checkpoint holds as many ranks as run now (from
+    another world size, rank 0's state, moved on per rank like a fresh start's seeds)."""
+    r, ranks = distributed.rank(), distributed.world_size()
+    if ranks == 1 or len(state.get("ranks_cpu", ())) != ranks:
+        torch.set_rng_state(state["cpu"])
+        if state["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        if r:
+            torch.manual_seed(int(torch.randint(2**62, (1,))) + RANK_SEED_STRIDE * r)
+        return
+    torch.set_rng_state(state["ranks_cpu"][r])
+    if "ranks_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["ranks_cuda"][r])
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline import distributed
 from pipeline.kinds import KINDS
 
 log = logging.getLogger(__name__)
@@ -110,8 +111,8 @@ class TeacherOutputs(nn.Module):
     def save(self) -> None:
         """Write the rows when there are new ones, merged with what another run stored meanwhile, by an atomic
         rename: a reader sees the old file or the new one."""
-        if self.store is None or len(self.rows) == self._loaded or self.kind is None:
-            return
+        if self.store is None or len(self.rows) == self._loaded or self.kind is None or not distributed.is_main():
+            return  # under torchrun, rank 0 stores its rows (the others' are computed again when next needed)
         kind, stored = read_rows(self.store)
         rows = {**stored, **self.rows} if kind == self.kind else self.rows
         keys = list(rows)
