@@ -242,3 +242,25 @@ def test_two_machines_train_as_one_process_does(tmp_path, monkeypatch):
     a, b = load_model(one["path"]).state_dict(), load_model(two["path"]).state_dict()
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-4
     assert not any(ranks.iterdir())  # the head removed its finished launch
+
+
+@pytest.mark.e2e
+def test_general_distillation_on_two_ranks_matches_one_process(base_dirs, tmp_path):
+    """The general stage as its flow calls it (`launch.ranked`): the student, its projections outside the model and
+    the relation losses all train data-parallel."""
+    from pipeline.data.tasks import get_task
+    from pipeline.models.io import load_base_model
+    from pipeline.stages import general
+    from tests.test_general import corpus_dir, tiny_cfg
+
+    cfg = tiny_cfg(hidden=1.0, direct=0.5)
+    corpus = str(corpus_dir(tmp_path / "c"))
+    one = general.run(str(base_dirs["bert"]), corpus, cfg, str(tmp_path / "one"))
+    with launch.processes(2):
+        two = launch.ranked("general")(general.run)(str(base_dirs["bert"]), corpus, cfg, str(tmp_path / "two"))
+    assert two["shape"] == one["shape"] and two["training"]["steps"] == one["training"]["steps"]
+    losses = [[h["loss"] for h in r["training"]["history"]] for r in (one, two)]
+    assert losses[1] == pytest.approx(losses[0], rel=0.05)  # dropout and token weights differ a little per rank
+    a = load_base_model(one["path"], get_task("sst2")).base_model.state_dict()
+    b = load_base_model(two["path"], get_task("sst2")).base_model.state_dict()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 0.05
