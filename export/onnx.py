@@ -45,6 +45,40 @@ def library_versions(names: tuple[str, ...] = EXPORT_LIBRARIES) -> dict[str, str
     return found
 
 
+def graph_structure(path: Path) -> str:
+    """A digest of the work an ONNX graph does, without its weights or names: every node's operator, domain and
+    attributes in order (float attributes left out: an epsilon or a mask's fill value changes no kernel's work, and
+    the fused attention carries a fill value under transformers 4 and none under 5), and the shapes and types of the
+    inputs, outputs and initialisers. Two exports that agree here run the same kernels on the same shapes, whichever
+    library versions made them."""
+    import hashlib
+
+    import onnx
+    from onnx import helper, numpy_helper
+
+    def attribute(a: onnx.AttributeProto) -> str:
+        value = helper.get_attribute_value(a)
+        if isinstance(value, onnx.TensorProto):  # a constant: its values (shape constants, small) matter
+            value = (
+                tuple(value.dims),
+                value.data_type,
+                hashlib.sha256(numpy_helper.to_array(value).tobytes()).hexdigest(),
+            )
+        elif isinstance(value, onnx.GraphProto):
+            value = len(value.node)
+        return f"{a.name}={value!r}"
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    h = hashlib.sha256()
+    for node in graph.node:
+        work = [a for a in node.attribute if a.type not in (onnx.AttributeProto.FLOAT, onnx.AttributeProto.FLOATS)]
+        h.update(f"{node.domain}:{node.op_type}({','.join(sorted(map(attribute, work)))})\n".encode())
+    for part in (graph.input, graph.output):
+        h.update(str([str(v.type) for v in part]).encode())
+    h.update(str(sorted((tuple(t.dims), t.data_type) for t in graph.initializer)).encode())
+    return h.hexdigest()
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence the exporter's tracer warnings and the quantiser's root-logger advice (both expected here)."""

@@ -255,3 +255,29 @@ def test_a_linear_kept_in_fp32_stays_fp32_whether_matmul_or_gemm(tmp_path):
         counts = quantize_int8(fp32, tmp_path / "kept.onnx", [kept])
         assert counts["MatMulInteger"] == full["MatMulInteger"] - 1, kept
         assert counts["MatMul"] == 1, kept  # the kept linear, in float
+
+
+def test_the_graph_structure_sees_the_work_not_the_weights_names_or_float_attributes(tmp_path):
+    """The latency table's key: two exports that do the same work share a table, whatever made them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from export.onnx import graph_structure
+
+    def graph(name: str, op: str = "Add", weight: float = 1.0, fill: float | None = None, width: int = 4) -> Path:
+        attrs = {} if fill is None else {"alpha": fill}
+        node = helper.make_node("LeakyRelu" if fill is not None else op, ["x"] + ([] if fill is not None else ["w"]),
+                                ["y"], name=f"{name}-node", **attrs)  # fmt: skip
+        w = numpy_helper.from_array(np.full((width,), weight, dtype=np.float32), name=f"{name}-w")
+        g = helper.make_graph([node], name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, width])],
+                              initializer=[] if fill is not None else [w])  # fmt: skip
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(g), str(path))
+        return path
+
+    same = graph_structure(graph("a"))
+    assert graph_structure(graph("b", weight=2.0)) == same  # other weights and names
+    assert graph_structure(graph("c", op="Mul")) != same  # another operator
+    assert graph_structure(graph("d", width=8)) != same  # other shapes
+    assert graph_structure(graph("e", fill=0.1)) == graph_structure(graph("f", fill=0.2))  # a float attribute

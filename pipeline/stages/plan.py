@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from export.benchmark import benchmark, cpu_name, wait_until_quiet
-from export.onnx import export_optimized, library_versions
+from export.onnx import export_optimized, graph_structure, library_versions
 from export.sessions import physical_cores
 from pipeline import interrupts
 from pipeline.cache import cached_build, key_of
@@ -78,8 +78,14 @@ def measure_table(*args: Any, **kwargs: Any) -> LatencyTable:
     return LatencyTable.from_dict(table_record(*args, **kwargs))
 
 
-def _machine(cfg: dict, arch: Arch, baseline: Arch, target: TargetConfig, bench: BenchSettings) -> dict:
-    """What a timing describes: the architecture timed, the baseline, the input shape, threads, CPU, libraries."""
+def _machine(
+    cfg: dict, arch: Arch, baseline: Arch, target: TargetConfig, bench: BenchSettings, teacher_dir: str, cache_dir: str
+) -> dict:
+    """What a timing describes: the architecture timed, the baseline, the input shape, threads, CPU, the runtime
+    and the graphs. Not the exporting libraries' versions: an upgrade that exports the same dense graph (its
+    `graph_structure`) times the same, and re-measuring would only move the plan by the timing noise (a
+    transformers upgrade measured its own table and planned a shape 10% slower: docs/results.md)."""
+    dense = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
     return dict(
         family=cfg["model_type"],
         arch=dataclasses.asdict(arch),
@@ -87,7 +93,8 @@ def _machine(cfg: dict, arch: Arch, baseline: Arch, target: TargetConfig, bench:
         shape=(target.batch, target.seq),
         threads=bench.threads or physical_cores(),
         cpu=cpu_name(),
-        versions=library_versions(),
+        runtime=library_versions(("onnxruntime",)),
+        graph=graph_structure(dense),
     )
 
 
@@ -131,8 +138,8 @@ def table_record(
     planned_on = planned_on or teacher_dir
     cfg, arch, baseline = _architectures(teacher_dir, planned_on, hidden)
     heads, ffn = grid(arch, target)
-    key = key_of(stage="latency-table", v=TABLE_VERSION, **_machine(cfg, arch, baseline, target, bench), heads=heads,
-                 ffn=ffn)  # fmt: skip
+    machine = _machine(cfg, arch, baseline, target, bench, teacher_dir, cache_dir)
+    key = key_of(stage="latency-table", v=TABLE_VERSION, **machine, heads=heads, ffn=ffn)
     settings = _settings(target, bench)
 
     def timing(tmp: Path) -> Callable[[], dict]:
@@ -250,7 +257,8 @@ def check_record(
     cfg, arch, baseline = _architectures(teacher_dir, planned_on, shape.hidden)
     arch = dataclasses.replace(arch, layers=shape.layers)
     layers = {"layers": shape.layers, "heads": shape.heads, "ffn": shape.ffn, "hidden": shape.hidden}
-    key = key_of(stage="shape-check", v=CHECK_VERSION, **_machine(cfg, arch, baseline, target, bench), planned=layers)
+    machine = _machine(cfg, arch, baseline, target, bench, teacher_dir, cache_dir)
+    key = key_of(stage="shape-check", v=CHECK_VERSION, **machine, planned=layers)
     settings = _settings(target, bench)
     settings = settings.model_copy(
         update={
