@@ -24,14 +24,8 @@ from tests.helpers import (
     wait_until,
     write_tiny_model_dir,
 )
-from tests.test_resume import start_cli
+from tests.test_resume import CHAIN, start_cli  # a tiny distill+smp budget; a later --set of a key wins
 
-CHAIN = (
-    "--set", "config.distill.student.layers=2", "--set", "config.distill.relation_heads=4",
-    "--set", "config.distill.transfer_steps=3", "--set", "config.distill.train.max_steps=4",
-    "--set", "config.smp.train.epochs=1000", "--set", "config.smp.recover_steps=2",
-    "--set", "config.smp.mask.shape={heads: 2, ffn: 32}",
-)  # fmt: skip
 # enough mask training that the scores SMP keeps are apart by more than two ranks' float noise
 SMP_STEPS = ("--set", "config.smp.train.max_steps=40")
 # every example cut to the same 10 tokens: the losses averaged over tokens weigh each rank's rows as one process
