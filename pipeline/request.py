@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from pipeline import distributed
 from pipeline.cache import default_cache_dir
 from pipeline.compress.deploy_config import DeployConfig
 from pipeline.compress.methods.distill.config import GeneralConfig
@@ -56,6 +57,9 @@ def check_nproc(nproc: int, devices: dict[str, str]) -> None:
     """`--nproc` processes fit this machine: on GPUs, one GPU each (NCCL cannot share one between ranks)."""
     if nproc < 1:
         raise PipelineError(f"--nproc {nproc}: expected 1 or more processes")
+    if distributed.launched_rank():  # every rank would run a whole deploy of its own
+        raise PipelineError("this command starts torchrun itself for its training: give --nproc N (or set "
+                            "PIPELINE_LAUNCHER) instead of starting it under torchrun")  # fmt: skip
     if nproc == 1 or all(dev == "cpu" for dev in devices.values()):
         return
     import torch

@@ -72,6 +72,13 @@ def test_a_bad_nproc_is_refused_in_one_line(classifier_dirs):
     assert_one_line_error(result, "--nproc 0: expected 1 or more processes")
 
 
+def test_a_deploy_started_under_torchrun_is_refused_in_one_line(classifier_dirs, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    result = cli_deploy("--method", "mlp_fusion", "--task", "sst2", "--teacher", str(classifier_dirs["bert"]))
+    assert_one_line_error(result, "give --nproc N (or set PIPELINE_LAUNCHER) instead of starting it under torchrun")
+
+
 def test_a_failed_rank_is_told_in_one_line(tmp_path):
     (tmp_path / "error-rank1.json").write_text(json.dumps({"type": "PipelineError", "message": "bad", "rank": 1}))
     assert str(launch._failure(tmp_path, 1)) == "bad"  # a user error: the single process's own line
