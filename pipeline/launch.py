@@ -186,22 +186,32 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _failure(folder: Path, code: int) -> Exception:
-    """The one-line error of a failed launch: a rank's own error, else the rank torchrun saw fail first."""
-    errors = sorted(folder.glob("error-rank*.json"), key=lambda p: int(re.sub(r"\D", "", p.stem)))
-    if errors:
-        error = json.loads(errors[0].read_text())
-        if error["type"] in ERRORS:  # the one line the single process would have said
+    """The one-line error of a failed launch, by what caused it: a rank's user error (the single process's own line),
+    else a rank killed by a signal (the others then fail in their collectives: consequences, not the cause), else a
+    rank's exception, else the rank torchrun saw fail first."""
+    errors = [json.loads(p.read_text()) for p in folder.glob("error-rank*.json")]
+    errors.sort(key=lambda e: e["rank"])
+    for error in errors:
+        if error["type"] in ERRORS:
             return ERRORS[error["type"]](error["message"])
-        first = error["message"].strip().splitlines()[0] if error["message"].strip() else ""
-        where = f"training rank {error['rank']}"
-        return PipelineError(f"{where} failed: {error['type']}: {first} (launcher log: {folder})")
-    logged = (folder / LAUNCHER_LOG).read_text(errors="replace")
+    logged = (folder / LAUNCHER_LOG).read_text(errors="replace") if (folder / LAUNCHER_LOG).is_file() else ""
     cause = logged.rpartition("Root Cause")[2]
     rank, exit_code = re.search(r"rank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    killed = rank and exit_code and int(exit_code.group(1)) < 0
+    if killed:
+        name = signal.Signals(-int(exit_code.group(1))).name
+        return PipelineError(
+            f"training rank {rank.group(1)} was killed by {name}; the run stopped (launcher log: {folder})"
+        )
+    if errors:
+        error = errors[0]
+        first = error["message"].strip().splitlines()[0] if error["message"].strip() else ""
+        return PipelineError(
+            f"training rank {error['rank']} failed: {error['type']}: {first} (launcher log: {folder})"
+        )
     if rank and exit_code:
-        n = int(exit_code.group(1))
-        how = f"was killed by {signal.Signals(-n).name}" if n < 0 else f"exited with code {n}"
-        return PipelineError(f"training rank {rank.group(1)} {how}; the run stopped (launcher log: {folder})")
+        return PipelineError(f"training rank {rank.group(1)} exited with code {exit_code.group(1)}; the run stopped "
+                             f"(launcher log: {folder})")  # fmt: skip
     return PipelineError(f"the training launcher exited with code {code} (launcher log: {folder})")
 
 
