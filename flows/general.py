@@ -10,9 +10,8 @@ from prefect.cache_policies import NO_CACHE
 from pipeline import interrupts, launch
 from pipeline.compress.methods.distill.config import GeneralConfig
 from pipeline.paths import check_new_folder
-from pipeline.stages import general
 
-general_task = task(launch.ranked("general")(general.run), name="general-distillation", cache_policy=NO_CACHE)
+general_task = task(launch.ranked("general"), name="general-distillation", cache_policy=NO_CACHE)
 
 
 @flow(name="distill-general", log_prints=True)

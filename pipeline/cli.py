@@ -564,8 +564,7 @@ def join(
     from pipeline import launch
 
     def run() -> None:
-        os.environ[launch.LAUNCHER_ENV] = launcher
-        command = launch.launcher()  # checked like the head's
+        command = launch.launcher(launcher)  # checked like the head's
         if not Path(folder).is_dir():
             from pipeline.errors import PipelineError
 

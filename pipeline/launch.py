@@ -49,8 +49,11 @@ STOP_WAIT_S = 30.0  # after a stop signal, how long the ranks have to unwind bef
 ERRORS = {"PipelineError": PipelineError, "GateError": GateError}  # what a rank's failure is re-raised as
 
 
+TRAINING = ("teacher", "kd_teacher", "compress", "general")  # the stages that train: what a rank may be asked to run
+
+
 def _stages() -> dict[str, Callable[..., dict]]:
-    """The stages that train, by name: what a rank may be asked to run."""
+    """Each training stage's plain function, by name."""
     from pipeline.stages import compress, general, kd_teacher, teacher
 
     return {"teacher": teacher.run, "kd_teacher": kd_teacher.run, "compress": compress.run, "general": general.run}
@@ -81,9 +84,10 @@ def nproc() -> int:
     return int(raw)
 
 
-def launcher() -> list[str] | None:
-    """The launcher command a training stage runs under, or None to train in this process."""
-    raw, n = os.environ.get(LAUNCHER_ENV, "").strip(), nproc()
+def launcher(raw: str | None = None) -> list[str] | None:
+    """The launcher command a training stage runs under (`raw`, else PIPELINE_LAUNCHER, else --nproc's torchrun), or
+    None to train in this process."""
+    raw, n = (os.environ.get(LAUNCHER_ENV, "") if raw is None else raw).strip(), nproc()
     if not raw:
         return None if n == 1 else [*TORCHRUN, "--standalone", f"--nproc-per-node={n}"]
     words = shlex.split(raw)
@@ -98,20 +102,18 @@ def launcher() -> list[str] | None:
     return words
 
 
-def ranked(name: str) -> Callable[[Callable[..., dict]], Callable[..., dict]]:
+def ranked(name: str) -> Callable[..., dict]:
     """The training stage `name`'s function, launched on the configured processes when there are several."""
+    fn = _stages()[name]
 
-    def wrap(fn: Callable[..., dict]) -> Callable[..., dict]:
-        @functools.wraps(fn)
-        def call(*args, **kwargs) -> dict:
-            command = launcher()
-            if command is None or distributed.launched_rank():
-                return fn(*args, **kwargs)
-            return launch(name, fn, command, inspect.signature(fn).bind(*args, **kwargs).arguments)
+    @functools.wraps(fn)
+    def call(*args, **kwargs) -> dict:
+        command = launcher()
+        if command is None or distributed.launched_rank():
+            return fn(*args, **kwargs)
+        return launch(name, fn, command, inspect.signature(fn).bind(*args, **kwargs).arguments)
 
-        return call
-
-    return wrap
+    return call
 
 
 def launch(name: str, fn: Callable[..., dict], command: list[str], arguments: dict) -> dict:
@@ -130,13 +132,7 @@ def launch(name: str, fn: Callable[..., dict], command: list[str], arguments: di
     tmp.replace(spec)
     log.info("%s: training on %s", name, shlex.join(command))
     with (folder / LAUNCHER_LOG).open("wb") as err:  # the ranks' logs go to stderr as this process's do
-        proc = subprocess.Popen([*command, "-m", "pipeline.launch", str(spec)], stdout=sys.stderr, stderr=err,
-                                start_new_session=True)  # fmt: skip
-        try:
-            code = _wait(proc)
-        except BaseException:
-            _stop(proc)
-            raise
+        code = _run_ranks(command, spec, stdout=sys.stderr, stderr=err)
     if code == 0 and (folder / REPORT).is_file():
         report = json.loads((folder / REPORT).read_text())
         shutil.rmtree(folder, ignore_errors=True)
@@ -154,23 +150,24 @@ def join(folder: Path, command: list[str], poll_s: float = 1.0) -> None:
         for spec in sorted(specs, key=lambda p: p.stat().st_mtime):
             done.add(spec)
             log.info("join: %s", spec.parent.name)
-            proc = subprocess.Popen([*command, "-m", "pipeline.launch", str(spec)], start_new_session=True)
-            try:
-                code = _wait(proc)
-            except BaseException:
-                _stop(proc)
-                raise
-            log.info("join: %s ended with %d", spec.parent.name, code)
+            log.info("join: %s ended with %d", spec.parent.name, _run_ranks(command, spec))
         if not specs:
             time.sleep(poll_s)
 
 
-def _wait(proc: subprocess.Popen) -> int:
-    while True:
-        try:
-            return proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            interrupts.check()  # a stop signal ends the ranks (the caller stops them)
+def _run_ranks(command: list[str], spec: Path, **popen: object) -> int:
+    """This machine's ranks of the launch `spec` under `command`, in a process group of their own; their exit code.
+    A stop signal ends them (`_stop`) and is raised on."""
+    proc = subprocess.Popen([*command, "-m", "pipeline.launch", str(spec)], start_new_session=True, **popen)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                interrupts.check()
+    except BaseException:
+        _stop(proc)
+        raise
 
 
 def _stop(proc: subprocess.Popen) -> None:

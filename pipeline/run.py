@@ -28,11 +28,10 @@ from pipeline.staging import WORK, artifact_name, discard, new_staging, publishe
 from serving.artifact import PYTORCH
 
 STATE_FILE = "state.json"
-TRAINING = ("teacher", "kd_teacher", "compress")
 # each stage's plain function, by the stage's name (the Prefect tasks in `flows/stage_tasks.py` wrap these); the
 # training stages run on several processes where the Run asks for them (`pipeline.launch`)
 PLAIN: dict[str, Callable] = {
-    name: launch.ranked(name)(m.run) if name in TRAINING else m.run
+    name: launch.ranked(name) if name in launch.TRAINING else m.run
     for m in (data, teacher, kd_teacher, plan, compress, compact, export, validate, bench, package)
     for name in [m.__name__.rpartition(".")[2]]
 }

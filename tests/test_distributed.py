@@ -258,7 +258,7 @@ def test_general_distillation_on_two_ranks_matches_one_process(base_dirs, tmp_pa
     corpus = str(corpus_dir(tmp_path / "c"))
     one = general.run(str(base_dirs["bert"]), corpus, cfg, str(tmp_path / "one"))
     with launch.processes(2):
-        two = launch.ranked("general")(general.run)(str(base_dirs["bert"]), corpus, cfg, str(tmp_path / "two"))
+        two = launch.ranked("general")(str(base_dirs["bert"]), corpus, cfg, str(tmp_path / "two"))
     assert two["shape"] == one["shape"] and two["training"]["steps"] == one["training"]["steps"]
     losses = [[h["loss"] for h in r["training"]["history"]] for r in (one, two)]
     assert losses[1] == pytest.approx(losses[0], rel=0.05)  # dropout and token weights differ a little per rank

@@ -15,6 +15,7 @@ for quiet in between), then refused, or with `target.accept_busy` used by this r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import tempfile
@@ -85,7 +86,6 @@ def _machine(
     and the graphs. Not the exporting libraries' versions: an upgrade that exports the same dense graph (its
     `graph_structure`) times the same, and re-measuring would only move the plan by the timing noise (a
     transformers upgrade measured its own table and planned a shape 10% slower: docs/results.md)."""
-    dense = dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"]
     return dict(
         family=cfg["model_type"],
         arch=dataclasses.asdict(arch),
@@ -94,8 +94,15 @@ def _machine(
         threads=bench.threads or physical_cores(),
         cpu=cpu_name(),
         runtime=library_versions(("onnxruntime",)),
-        graph=graph_structure(dense),
+        graph=_dense_structure(teacher_dir, cache_dir),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _dense_structure(teacher_dir: str, cache_dir: str) -> str:
+    """The dense teacher graph's `graph_structure`, once per teacher in a process: a plan asks for it with the table
+    and every shape check, and each ask would hash the teacher's files and parse its graph again."""
+    return graph_structure(dense_graphs(teacher_dir, cache_dir)[0] / DENSE_GRAPHS["fp32"])
 
 
 def _settings(target: TargetConfig, bench: BenchSettings) -> BenchSettings:
