@@ -53,6 +53,33 @@ def test_a_compacted_model_is_a_usable_base(compacted_dir):
         assert torch.equal(a.intermediate.dense.weight, b.intermediate.dense.weight)
 
 
+def _new_head(folder, task: str, seed: int, noise: int) -> dict:
+    torch.manual_seed(noise)  # another process state: how many numbers were drawn before
+    torch.rand(noise)
+    model = load_base_model(folder, get_task(task), seed=seed)
+    return {k: v for k, v in model.state_dict().items() if k.startswith(("classifier.", "qa_outputs."))}
+
+
+@pytest.mark.parametrize("task", ["sst2", "conll2003", "squad", "mnli-compacted"])
+def test_a_new_head_comes_from_the_seed_alone(task, tmp_path, compacted_dir):
+    """transformers draws a new head from the global generator after however many numbers its loading took (4.57
+    and 5.x differ), so one seed fine-tuned different teachers in two environments; the head is now drawn from the
+    seed alone, as BERT initialises one (normal weights, zero biases), and nothing else is touched."""
+    base = tiny_model("bert", masked_lm=True)
+    base.save_pretrained(tmp_path / "base")
+    tiny_tokenizer("bert").save_pretrained(tmp_path / "base")
+    folder, task = (compacted_dir[1], "mnli") if task == "mnli-compacted" else (tmp_path / "base", task)
+    first, again, other = _new_head(folder, task, 7, 1), _new_head(folder, task, 7, 999), _new_head(folder, task, 8, 1)
+    assert first and first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(v, again[k]) for k, v in first.items())
+    assert all(not torch.equal(v, other[k]) for k, v in first.items() if k.endswith("weight"))
+    assert all(not v.any() for k, v in first.items() if k.endswith("bias"))
+    if folder == tmp_path / "base":
+        model = load_base_model(folder, get_task(task), seed=7)
+        name = "bert.encoder.layer.0.attention.self.query.weight"
+        assert torch.equal(model.state_dict()[name], base.state_dict()[name])  # the pretrained weights as saved
+
+
 def test_a_mismatch_outside_the_head_is_an_error(tmp_path):
     model = tiny_model("bert")
     model.config.intermediate_size = 48  # the config no longer describes the weights

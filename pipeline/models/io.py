@@ -51,9 +51,9 @@ def model_kind(config) -> str | None:
     return EMBEDDING if pooling else head_kind(config)
 
 
-def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
+def load_base_model(path: str | Path, task: TaskSpec, seed: int = 0) -> PreTrainedModel:
     """A pretrained encoder with the head of `task`'s kind (sequence or token classification, question
-    answering), ready for fine-tuning.
+    answering), ready for fine-tuning; whatever is new in it (the head) drawn from `seed` alone (`_seeded_`).
 
     Only the head may be new: a classifier saved at per-layer shapes (a compacted one, e.g. an artifact's
     `pytorch/`) loads through `load_model`, keeping every layer as it is, and keeps its head when the label count
@@ -78,6 +78,8 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
                 )
             fresh = auto.from_config(read_config(path, **labels))
             model.set_submodule(LABEL_HEAD, fresh.get_submodule(LABEL_HEAD))
+            _seeded_(model, {f"{LABEL_HEAD}.{name}" for name, _ in fresh.get_submodule(LABEL_HEAD).named_parameters()},
+                     seed)  # fmt: skip
         for key, value in labels.items():
             setattr(model.config, key, value)
         return model
@@ -92,6 +94,31 @@ def load_base_model(path: str | Path, task: TaskSpec) -> PreTrainedModel:
     mismatched = sorted(key for key in keys if not key.startswith(f"{LABEL_HEAD}."))  # 5.x reports them unordered
     if mismatched:
         raise PipelineError(f"cannot load {path}: shapes differ from its config in {', '.join(mismatched[:4])}")
+    return _seeded_(model, set(info.get("missing_keys", [])) | set(keys), seed)
+
+
+def _seeded_(model: PreTrainedModel, new: set[str], seed: int) -> PreTrainedModel:
+    """`model` with the parameters named in `new` (those the checkpoint did not hold) drawn again from a generator
+    seeded with `seed`, as BERT initialises them (linear: normal with the config's `initializer_range`, bias 0;
+    LayerNorm: 1 and 0). transformers draws a new head from the process's global generator, and how many numbers
+    its loading takes first differs between releases (4.57 and 5.x give the same seed different heads, and so
+    different teachers); drawn here, a seed makes the same head on every release and in any process state."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    std = getattr(model.config, "initializer_range", 0.02)
+    with torch.no_grad():
+        for name, module in sorted(model.named_modules(), key=lambda item: item[0]):
+            own = [f"{name}.{p}" if name else p for p, _ in module.named_parameters(recurse=False)]
+            if not own or not set(own) <= new:
+                continue
+            if isinstance(module, nn.Linear):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
     return model
 
 

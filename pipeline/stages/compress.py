@@ -9,6 +9,8 @@ import socket
 import time
 from pathlib import Path
 
+import torch
+
 from pipeline.cache import cached_stage, dir_digest
 from pipeline.compress.context import StageContext
 from pipeline.compress.deploy_config import DeployConfig
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 
 # Bump when a change alters what the stage produces, to invalidate its cache entries.
 OUTPUTS_DIR = "teacher_outputs"  # per teacher, its outputs on the inputs distilled so far (offline output KD)
-COMPRESS_VERSION = "5"  # 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
+COMPRESS_VERSION = "6"  # 6: what a method draws before training (a narrower student's projections, a base
+# model's new head) comes from its recipe's seed alone; 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
 
 
 def run(
@@ -119,6 +122,9 @@ def _compress_one(
         began = time.perf_counter()
         # a fresh copy: it must not share the teacher's tensors or inherit its freeze
         student = (copy.deepcopy(teacher) if start_dir == teacher_dir else load_model(start_dir)).requires_grad_(True)
+        # what the method draws before its training loop seeds itself (a narrower student's projections) comes from
+        # the recipe's seed, not from how many numbers loading took first (transformers releases differ in that)
+        torch.manual_seed(method_cfg.train.seed)
         model = method.apply(student, method_cfg, ctx)
         outputs.save()  # for the next stage and the next run that distils from this teacher
         ctx.report["teacher_outputs"] = {"read_back": outputs.hits, "computed": outputs.misses}

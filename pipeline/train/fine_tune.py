@@ -17,7 +17,7 @@ from pipeline.train.loop import train
 from pipeline.train.metrics import predict_logits, scores
 
 # Bump when a change alters what the fine-tuning produces, to invalidate its cache entries.
-TEACHER_VERSION = "1"
+TEACHER_VERSION = "2"  # 2: the new head drawn from the recipe's seed alone (`load_base_model`)
 
 
 def fine_tuned(model_dir: str, data: TaskData, cfg: TrainConfig, cache_dir: str) -> tuple[Path, bool, dict]:
@@ -27,7 +27,7 @@ def fine_tuned(model_dir: str, data: TaskData, cfg: TrainConfig, cache_dir: str)
 
     def build(out: Path) -> dict:
         tokenizer = load_tokenizer(model_dir)
-        model = load_base_model(model_dir, data.task)
+        model = load_base_model(model_dir, data.task, cfg.seed)
         train_enc, val_enc = encode_task(tokenizer, data, cfg.max_length)
         if kind_of(data.task.kind).fine_tunes_teacher:
             report = train(model, train_enc, val_enc, cfg, desc="teacher fine-tuning").report()

@@ -113,7 +113,7 @@ def derived_shapes(cfg: DistillConfig, teacher: nn.Module, student: nn.Module) -
 def apply(model: nn.Module, cfg: DistillConfig, ctx: StageContext) -> nn.Module:
     """`model` is a copy of the fine-tuned teacher; returns the trained student."""
     teacher = ctx.teacher
-    student, info = build_student(model, cfg.student, ctx.task)
+    student, info = build_student(model, cfg.student, ctx.task, cfg.train.seed)
     ctx.report["student"] = info
     shapes = derived_shapes(cfg, teacher, student)
     ctx.report["derived"] = rules.as_report(shapes)

@@ -16,19 +16,19 @@ from pipeline.models.io import load_base_model, load_model
 from pipeline.models.layers import encoder_layers, set_activation_
 
 
-def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
-    """A trainable student and a description of how it was made."""
-    student, info = _student(teacher, cfg, task)
+def build_student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec, seed: int = 0) -> tuple[nn.Module, dict]:
+    """A trainable student and a description of how it was made (`seed`: a base model's new head)."""
+    student, info = _student(teacher, cfg, task, seed)
     if cfg.activation is not None:
         set_activation_(student, cfg.activation)
         info["activation"] = cfg.activation
     return student, info
 
 
-def _student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec) -> tuple[nn.Module, dict]:
+def _student(teacher: nn.Module, cfg: StudentConfig, task: TaskSpec, seed: int) -> tuple[nn.Module, dict]:
     if cfg.path is not None:
         config = check_model_dir(cfg.path)
-        student = load_model(cfg.path) if head_kind(config) == task.kind else load_base_model(cfg.path, task)
+        student = load_model(cfg.path) if head_kind(config) == task.kind else load_base_model(cfg.path, task, seed)
         if student.config.num_labels != task.num_labels:
             raise PipelineError(
                 f"student {cfg.path} has {student.config.num_labels} labels, task {task.name} has {task.num_labels}"
