@@ -29,8 +29,9 @@ log = logging.getLogger(__name__)
 
 # Bump when a change alters what the stage produces, to invalidate its cache entries.
 OUTPUTS_DIR = "teacher_outputs"  # per teacher, its outputs on the inputs distilled so far (offline output KD)
-COMPRESS_VERSION = "6"  # 6: what a method draws before training (a narrower student's projections, a base
-# model's new head) comes from its recipe's seed alone; 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
+# 6: what a method draws before training (a narrower student's projections, a base model's new head) comes from
+# its recipe's seed alone; 5: MLP Fusion's scale is saved on the FFN output layer (`output.dense.scale`), every family
+COMPRESS_VERSION = "6"
 
 
 def run(
