@@ -36,6 +36,7 @@ from tests.helpers import (
     sample_inputs,
     sample_logits,
     tiny_family_model,
+    tiny_family_tokenizer,
     write_tiny_family_dir,
 )
 
@@ -89,6 +90,27 @@ def test_a_student_cut_from_any_layers_reloads_as_it_was(family, tmp_path):
     reloaded = load_model(tmp_path / "s")
     assert len(encoder_layers(reloaded)) == 2
     assert torch.equal(sample_logits(reloaded), sample_logits(student))
+
+
+@pytest.mark.parametrize("family", FAMILY_TYPES)
+def test_a_bare_encoders_new_head_comes_from_the_seed(family, tmp_path):
+    """A base model without a head (AutoModel's checkpoint) gets the family's head drawn from the seed alone, in any
+    process state (ModernBERT's head holds a LayerNorm without a bias)."""
+    from transformers import AutoModel
+
+    from pipeline.data.tasks import get_task
+    from pipeline.models.io import load_base_model
+
+    AutoModel.from_config(tiny_family_model(family).config).save_pretrained(tmp_path)
+    tiny_family_tokenizer(family).save_pretrained(tmp_path)
+    heads = []
+    for noise in (1, 99):
+        torch.manual_seed(noise)
+        torch.rand(noise)
+        model = load_base_model(tmp_path, get_task("sst2"), seed=3)
+        encoder = {name for name, _ in model.base_model.named_parameters()}
+        heads.append({k: v for k, v in model.named_parameters() if k.split(".", 1)[-1] not in encoder})
+    assert heads[0] and all(torch.equal(v, heads[1][k]) for k, v in heads[0].items())
 
 
 def test_a_modernbert_student_saved_without_layer_types_reloads_as_it_was(tmp_path):

@@ -118,7 +118,8 @@ def _seeded_(model: PreTrainedModel, new: set[str], seed: int) -> PreTrainedMode
                     module.bias.zero_()
             elif isinstance(module, nn.LayerNorm):
                 module.weight.fill_(1.0)
-                module.bias.zero_()
+                if module.bias is not None:  # ModernBERT's have none
+                    module.bias.zero_()
     return model
 
 
