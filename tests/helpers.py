@@ -237,7 +237,10 @@ def sample_logits(model, seed=0):
 # A tiny random model scored on a few dozen dev sentences: one borderline sentence that int8 flips is 2-3 points,
 # and which one flips varies with thread timing in training; the compressed model may trail such a teacher by
 # as much. Tests that are not about the accuracy gates loosen them; `test_live_gates` keeps every gate live.
-LOOSE_GATES = ("--set", "gates.int8_max_drop=100", "--set", "gates.max_metric_drop=100")
+# a tiny random model's logits are near ties, which int8 and fp16 rounding flip: plumbing tests allow it (the graphs'
+# parity with torch is still gated, and one test keeps every gate at its default)
+LOOSE_GATES = ("--set", "gates.int8_max_drop=100", "--set", "gates.max_metric_drop=100",
+               "--set", "gates.fp16_max_drop=100", "--set", "gates.fp16_min_agreement=0.9")  # fmt: skip
 QUICK_BENCH = ("--set", "bench.batch_sizes=[1]", "--set", "bench.seq_lens=[16]", "--bench-runs", "2",
                "--set", "bench.min_runs=1", "--set", "bench.warmup=0",
                "--set", "bench.real_length_rounds=0")  # fmt: skip
