@@ -78,8 +78,7 @@ def load_base_model(path: str | Path, task: TaskSpec, seed: int = 0) -> PreTrain
                 )
             fresh = auto.from_config(read_config(path, **labels))
             model.set_submodule(LABEL_HEAD, fresh.get_submodule(LABEL_HEAD))
-            _seeded_(model, {f"{LABEL_HEAD}.{name}" for name, _ in fresh.get_submodule(LABEL_HEAD).named_parameters()},
-                     seed)  # fmt: skip
+            _seeded_(model, {name for name, _ in model.named_parameters() if name.startswith(f"{LABEL_HEAD}.")}, seed)
         for key, value in labels.items():
             setattr(model.config, key, value)
         return model
