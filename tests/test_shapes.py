@@ -488,6 +488,7 @@ def test_a_latency_table_at_a_narrower_hidden_size_and_its_refusals(classifier_d
         ("conll2003", 4, None, "conll2003"),  # token tasks
         ("squad", 4, None, None),  # question answering: its own per-task recipe, nothing measured better yet
         ("stsb", 4, None, "embedding"),  # sentence embeddings: layers before widths, longer recovery
+        ("stsb", 8, None, "embedding-shallow"),  # ... down to a third of the layers from 8x
     ],
 )
 def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):
@@ -497,9 +498,18 @@ def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):
     assert cfg.chosen_recipe == chosen
     expected = build_deploy_config("distill+smp", task, chosen or recipe, [f"target.speedup={speedup}"])
     assert cfg.chain == expected.chain and cfg.data == expected.data  # the chosen recipe's settings, whole
+    assert cfg.target.min_depth == expected.target.min_depth and cfg.target.objective == expected.target.objective
     assert ("chosen_recipe" in cfg.model_dump()) == (chosen is not None)  # unsaid when none was chosen: old keys
     if chosen is None:
         assert "chosen_recipe" not in build_deploy_config("distill+smp", task).model_dump()
+
+
+def test_the_shallow_embedding_recipe_is_the_embedding_one_down_to_a_third_of_the_layers():
+    shallow = build_deploy_config("distill+smp", "stsb", overrides=["target.speedup=8"])
+    base = build_deploy_config("distill+smp", "stsb", "embedding", ["target.speedup=8"])
+    assert (shallow.target.min_depth, base.target.min_depth) == (0.33, 0.5)
+    assert shallow.chain == base.chain and shallow.target.objective == base.target.objective == "widths"
+    assert layer_options(shallow, 6) == [2, 3, 4, 5, 6] and layer_options(base, 6) == [3, 4, 5, 6]
 
 
 def test_a_target_alone_runs_distill_then_smp(tmp_path):
