@@ -447,8 +447,11 @@ def test_live_gates(base_dirs, tmp_path):
     lines = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
     assert second.returncode == 1 and len(lines) == 1, second.stderr[-3000:]
     assert "Traceback" not in second.stderr  # Prefect logs the failed validate task and flow, in their own lines
+    # the blind model's two logits nearly tie for every sentence, so int8 rounding may flip its one answer too (54
+    # against 46 in one CI run): that gate may fail beside it, in the same line
     assert re.fullmatch(
-        r"error: validation failed: compressed accuracy \d+\.\d\d is \d+\.\d\d points below the teacher's "
+        r"error: validation failed: (int8 accuracy \d+\.\d\d points below fp32 \(limit 1\.0\); )?"
+        r"compressed accuracy \d+\.\d\d is \d+\.\d\d points below the teacher's "
         r"\d+\.\d\d on the validation split \(gates\.max_metric_drop 3\.0\)",
         lines[0],
     ), lines[0]
