@@ -43,11 +43,17 @@ def tiny_tokenizer(family: str = "bert"):
     from transformers import BertTokenizerFast, RobertaTokenizerFast
 
     if family == "bert":
-        tok = BertWordPieceTokenizer(lowercase=True)
-        tok.train_from_iterator(
-            sample_sentences("train"), vocab_size=VOCAB, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        )
+        from tokenizers.models import WordPiece
         from tokenizers.processors import BertProcessing
+
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tok = BertWordPieceTokenizer(lowercase=True)
+        tok.train_from_iterator(sample_sentences("train"), vocab_size=VOCAB, special_tokens=specials)
+        # the trainer numbers its "##" pieces in hash order, which differs per process: a tiny model then reads
+        # other embedding rows in each test run. Renumber the same pieces in a fixed order.
+        pieces = sorted(set(tok.get_vocab()) - set(specials))
+        vocab = {t: i for i, t in enumerate(specials + pieces)}
+        tok._tokenizer.model = WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix="##")
 
         # what BERT's tokenizer.json has: [CLS] A [SEP] (B [SEP]); training from an iterator leaves none
         tok._tokenizer.post_processor = BertProcessing(("[SEP]", 3), ("[CLS]", 2))
