@@ -97,6 +97,9 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the ephemeral server's SQLite file lives in PREFECT_HOME; Prefect does not create a missing one, and its
+    # server then fails to start for the whole start-up timeout before a traceback
+    Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().mkdir(parents=True, exist_ok=True)
     from pipeline.errors import quiet_prefect_user_errors
 
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks

@@ -426,6 +426,7 @@ def test_live_gates(base_dirs, tmp_path):
     args, env = quick_args("mlp_fusion", base_dirs["bert"], tmp_path, *trained, "--steps", "100",
                            "--set", "config.train.lr=1e-3", "--set", "config.tune_steps=20",
                            "--set", "config.train.kd_alpha=1.0", task=task, ephemeral=True)  # fmt: skip
+    env["PREFECT_HOME"] = str(tmp_path / "new" / "prefect")  # neither folder exists yet: the command makes them
     first = run_cli(args, env)  # as on a fresh machine: the ephemeral Prefect server `pipeline deploy` starts
     assert first.returncode == 0, first.stderr[-3000:]
     artifact = Path(first.stdout.strip().splitlines()[-1])
