@@ -150,20 +150,6 @@ def test_a_distill_smp_deploy_on_two_ranks_matches_the_single_process_one(tmp_pa
         for graph, metrics in graphs.items():
             assert two["validation"]["metrics"][split][graph] == pytest.approx(metrics, abs=0.5), (split, graph)
 
-    # process's step to float noise. SMP recomputes its top-k mask at each step, so that noise can decide a
-    # near-tie between two units at one step (a score whose gradient is noise moves a whole Adam step either
-    # way), and the run goes on along another, equally valid path: the scores, and the units kept at the end,
-    # are not bit-stable, only each step's loss is (measured: at most 4e-4 apart relatively where that happened)
-    losses_one, losses_two = _losses(one), _losses(two)
-    assert list(losses_two) == list(losses_one) == ["teacher", "0.transfer", "0.task", "1.mask"]
-    for name, steps in losses_one.items():
-        assert losses_two[name] == pytest.approx(steps, rel=2e-3), name
-    assert two["compaction"]["heads"] == one["compaction"]["heads"]  # SMP kept as many heads and neurons
-    assert two["compaction"]["ffn_widths"] == one["compaction"]["ffn_widths"]
-    for split, graphs in one["validation"]["metrics"].items():
-        for graph, metrics in graphs.items():
-            assert two["validation"]["metrics"][split][graph] == pytest.approx(metrics, abs=0.5), (split, graph)
-
 
 def _rank_pid(rank: int, tmp_path: Path) -> int | None:
     """The pid of training rank `rank` of the deploy this test started in `tmp_path` (by its cache folder: tests on
