@@ -504,15 +504,16 @@ def test_a_speed_target_chooses_its_kinds_recipe(task, speedup, recipe, chosen):
         assert "chosen_recipe" not in build_deploy_config("distill+smp", task).model_dump()
 
 
-def test_the_shallow_embedding_recipe_is_the_embedding_one_down_to_a_third_of_the_layers_recovering_faster():
+def test_the_shallow_embedding_recipe_is_the_embedding_one_down_to_a_third_of_the_layers_recovering_longer():
     shallow = build_deploy_config("distill+smp", "stsb", overrides=["target.speedup=8"])
     base = build_deploy_config("distill+smp", "stsb", "embedding", ["target.speedup=8"])
     assert (shallow.target.min_depth, base.target.min_depth) == (0.33, 0.5)
     assert shallow.target.objective == base.target.objective == "widths"
-    # the same chain but for recovery at the distillation's rate, which wins back more of the deeper mask
+    # the same chain but for recovery at the distillation's rate and twice as long, which wins back more of the
+    # deeper mask
     distill, smp = base.chain
     assert (smp.recover_lr, smp.recover_steps) == (5.0e-5, 3000)
-    assert shallow.chain == (distill, smp.updated(recover_lr=1.0e-4))
+    assert shallow.chain == (distill, smp.updated(recover_lr=1.0e-4, recover_steps=6000))
     assert layer_options(shallow, 6) == [2, 3, 4, 5, 6] and layer_options(base, 6) == [3, 4, 5, 6]
 
 
