@@ -99,7 +99,11 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # the ephemeral server's SQLite file lives in PREFECT_HOME; Prefect does not create a missing one, and its
     # server then fails to start for the whole start-up timeout before a traceback
-    Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().mkdir(parents=True, exist_ok=True)
+    home = os.environ.get("PREFECT_HOME") or "~/.prefect"
+    try:
+        Path(home).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # schedule and sweep call this outside `_guarded`: the one line from here
+        _fail(f"PREFECT_HOME={home}: not a folder that can be made ({e.strerror})", 2)
     from pipeline.errors import quiet_prefect_user_errors
 
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks

@@ -195,6 +195,24 @@ def test_weights_of_another_family_are_refused_before_any_work(base_dirs, tmp_pa
     assert not Path("out").exists()
 
 
+@pytest.mark.parametrize("command", [["deploy", "--method", "mlp_fusion", "--task", "sst2"], ["sweep", "s.yaml"]])
+def test_a_prefect_home_that_cannot_be_made_is_refused_in_one_line(classifier_dirs, tmp_path, monkeypatch, command):
+    """The commands make PREFECT_HOME (Prefect's server cannot start in a missing one); under a file, one line."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "file" / "prefect"))
+    if command[0] == "deploy":
+        command = [*command, "--teacher", str(classifier_dirs["bert"])]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]  # after deploy's data log
+    assert errors == [f"error: PREFECT_HOME={tmp_path / 'file' / 'prefect'}: not a folder that can be made (Not a "
+                      "directory)"], result.stderr  # fmt: skip
+
+
 def test_teacher_must_be_a_classifier(base_dirs):
     result = cli_deploy(
         "--method", "mlp_fusion", "--task", "sst2", "--teacher", str(base_dirs["bert"]), "--output", "out"
