@@ -99,12 +99,14 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # the ephemeral server's SQLite file lives in PREFECT_HOME; Prefect does not create a missing one, and its
     # server then fails to start for the whole start-up timeout before a traceback
-    home = os.environ.get("PREFECT_HOME") or "~/.prefect"
+    from pipeline.errors import PipelineError, quiet_prefect_user_errors
+    from pipeline.paths import check_writable_dir
+
     try:
-        Path(home).expanduser().mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # schedule and sweep call this outside `_guarded`: the one line from here
-        _fail(f"PREFECT_HOME={home}: not a folder that can be made ({e.strerror})", 2)
-    from pipeline.errors import quiet_prefect_user_errors
+        home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+        check_writable_dir(home, "PREFECT_HOME").mkdir(parents=True, exist_ok=True)
+    except PipelineError as e:  # schedule and sweep call this outside `_guarded`: the one line from here
+        _fail(e, 2)
 
     quiet_prefect_user_errors()  # a refused target or a failed gate: the one-line error, no Prefect tracebacks
 

@@ -209,8 +209,8 @@ def test_a_prefect_home_that_cannot_be_made_is_refused_in_one_line(classifier_di
     result = CliRunner().invoke(app, command)
     assert result.exit_code == 2, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]  # after deploy's data log
-    assert errors == [f"error: PREFECT_HOME={tmp_path / 'file' / 'prefect'}: not a folder that can be made (Not a "
-                      "directory)"], result.stderr  # fmt: skip
+    assert errors == [f"error: PREFECT_HOME {tmp_path / 'file' / 'prefect'}: {tmp_path / 'file'} is a file, not a "
+                      "folder"], result.stderr  # fmt: skip
 
 
 def test_teacher_must_be_a_classifier(base_dirs):
