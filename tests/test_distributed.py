@@ -115,7 +115,8 @@ def _losses(report: dict) -> dict[str, list[float]]:
     """Each training's per-step losses in a deploy report: the teacher's and every chained stage's."""
     found = {"teacher": [h["loss"] for h in report["teacher"]["history"]]}
     for i, stage in enumerate(report["compress"]["stages"]):
-        runs = stage["training"] if "history" not in stage["training"] else {"mask": stage["training"]}
+        training = stage["training"]
+        runs = {"mask": training} if "history" in training else training  # distillation's: two named phases
         for name, run in runs.items():
             found[f"{i}.{name}"] = [h["loss"] for h in run["history"]]
     return found
