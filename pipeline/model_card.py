@@ -195,9 +195,12 @@ def _figures(report: dict) -> list[str]:
     )
     if headline:
         vs_int8 = headline.get("speedup_vs_dense_int8")
+        passes = len(headline.get("pass_speedups") or ())
         out += [
             "",
-            f"Speed (ONNX Runtime, CPU, batch {headline['batch']} × {headline['seq']} tokens, p50): the int8 graph "
+            f"Speed (ONNX Runtime, CPU, batch {headline['batch']} × {headline['seq']} tokens, p50"
+            + (f", the median of {passes} passes" if passes else "")
+            + "): the int8 graph "
             f"is {headline['speedup_p50']:.2f}× the dense fp32 teacher"
             + (f" and {vs_int8:.2f}× its dense int8" if vs_int8 else "")
             + " (report.md says whether the machine was quiet).",

@@ -190,6 +190,7 @@ def render_markdown(report: dict) -> str:
                     f"{_fmt(r.get('speedup_vs_dense_int8')) + '×' if r.get('speedup_vs_dense_int8') else ''} | "
                     f"{_fmt(bound) + '×' if bound else ''} | {_fmt(frac) if frac else ''} |"
                 )
+        lines += _passes_lines(s["speedups"])
         lines += _gpu_lines(s["speedups"])
         lines += ["", f"![latency]({s['plot']})", ""]
         lines += _real_length_lines(s.get("real_lengths"))
@@ -203,6 +204,18 @@ def _fp16_words(fp16: dict | None) -> str:
     if not fp16:  # reports from before fp16 graphs
         return "."
     return f"; fp16 (for CUDA) {fp16['metric_drop']:.2f}, {parity_words(fp16['parity'])}."
+
+
+def _passes_lines(speedups: list[dict]) -> list[str]:
+    """The cell timed in passes (the headline): its speedups are the median of the passes' ratios, whose range
+    says how far one pass alone could have read."""
+    rows = [r for r in speedups if r.get("pass_speedups") and r["provider"].startswith("CPU")]
+    if not rows:
+        return []
+    r0 = rows[0]
+    ranges = ", ".join(f"{r['model']} {min(r['pass_speedups']):.2f}-{max(r['pass_speedups']):.2f}×" for r in rows)
+    return ["", f"{r0['batch']} × {r0['seq']} was timed in {len(r0['pass_speedups'])} passes; its speedups are the "
+            f"median of the passes' ratios (one pass read: {ranges})."]  # fmt: skip
 
 
 def _gpu_lines(speedups: list[dict]) -> list[str]:

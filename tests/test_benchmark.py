@@ -117,6 +117,41 @@ def test_speedups(result):
     assert speedups(result, baseline="missing") == []
 
 
+def test_a_repeated_cell_is_timed_in_passes_and_its_speedup_is_the_median_of_their_ratios(models):
+    """The headline cell in three passes: each model's runs pooled over them, a p50 per pass, and the speedup the
+    median of the passes' ratios (against dense fp32 and, by `speedups`' baseline, any other); the other cell is
+    timed once, its speedup the ratio of p50s as before."""
+    cfg = CFG.model_copy(update={"passes": 3})
+    res = benchmark(models, VOCAB, cfg, repeat=(1, 8))
+    json.dumps(res)
+    cells = {(c["model"], c["batch"]): c for c in res["cells"]}
+    for m in models:
+        once, thrice = cells[(m, 2)], cells[(m, 1)]
+        assert "pass_p50_ms" not in once and CFG.min_runs <= once["runs"] <= CFG.max_runs
+        assert len(thrice["pass_p50_ms"]) == 3 and 3 * CFG.min_runs <= thrice["runs"] <= 3 * CFG.max_runs
+    for baseline, model in (("dense", "compressed"), ("compressed", "dense")):
+        rows = {r["batch"]: r for r in speedups(res, baseline)}
+        ratios = [
+            b / m for b, m in zip(cells[(baseline, 1)]["pass_p50_ms"], cells[(model, 1)]["pass_p50_ms"], strict=True)
+        ]
+        assert rows[1]["pass_speedups"] == pytest.approx(ratios, rel=1e-3)
+        assert rows[1]["speedup_p50"] == pytest.approx(float(np.median(ratios)))
+        assert "pass_speedups" not in rows[2]
+        assert rows[2]["speedup_p50"] == pytest.approx(cells[(baseline, 2)]["p50_ms"] / cells[(model, 2)]["p50_ms"])
+
+
+def test_the_median_of_pass_ratios_is_not_the_ratio_of_pooled_p50s():
+    """A machine that slows every model in one pass (as a shared VM does for seconds at a time): the pooled p50s
+    mix fast and slow passes unevenly, the passes' ratios do not."""
+    cell = {"provider": "CPUExecutionProvider", "batch": 8, "seq": 128}
+    result = {"cells": [
+        {**cell, "model": "dense", "p50_ms": 120.0, "pass_p50_ms": [100.0, 104.0, 200.0]},
+        {**cell, "model": "compressed-int8", "p50_ms": 12.0, "pass_p50_ms": [12.5, 13.0, 25.0]},
+    ]}  # fmt: skip
+    (row,) = speedups(result)
+    assert row["pass_speedups"] == [8.0, 8.0, 8.0] and row["speedup_p50"] == 8.0  # pooled p50s would say 10x
+
+
 def test_make_inputs(models):
     sess = make_session(models["dense"], threads=1)
     names = [i.name for i in sess.get_inputs()]

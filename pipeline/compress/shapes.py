@@ -198,7 +198,7 @@ def calibrate(
     measured speedups).
 
     `search(factor)` is the search with the table's predictions read `factor` times too fast (the target times
-    `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run, (ms, dense ms).
+    `factor`); `measure(shape)` times the shape's int8 graph and the dense fp32 teacher in one run: (ms, speedup).
     A check outside the window's middle half re-plans with the error it measured at that shape (its predicted over
     its measured speedup), at most `steps` checks, a shape checked once not checked again: the artifact is timed
     again after training, and a check that only just reached the target misses it there with noise of a few percent
@@ -215,8 +215,7 @@ def calibrate(
     top, aim = target * (1 + headroom), target * (1 + headroom / 2)
     band = (target * (1 + headroom / 4), target * (1 + 3 * headroom / 4))  # the window's middle half
     for _ in range(steps):
-        ms, dense = measure(shape)
-        speed = dense / ms
+        ms, speed = measure(shape)
         checks.append({**shape.as_dict(), "measured_ms": round(ms, 4), "measured_speedup": round(speed, 3)})
         if band[0] <= speed <= band[1]:
             break

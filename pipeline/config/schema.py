@@ -295,6 +295,10 @@ class BenchSettings(FrozenModel):
         real_length_rounds: passes over the dev set's real inputs (the first `real_length_examples`, in order,
             batched at the headline batch size and padded per batch as the server pads), timed beside the fixed
             shapes; 0: not timed.
+        passes: the headline cell (the speed target's input shape), and a speed target's shape checks, are timed in
+            this many passes of a cell each, one after another; the speedup is the median of the passes' ratios.
+            One pass's ratio spread by ±5% on a quiet shared 2-core VM, eight passes' median by about ±1.5%
+            (docs/results.md, "Speed that lands where planned").
     """
 
     batch_sizes: tuple[BatchSize, ...] = Field((1, 8, 32), min_length=1)
@@ -306,6 +310,7 @@ class BenchSettings(FrozenModel):
     threads: int | None = Field(None, ge=1)
     providers: tuple[str, ...] | None = None
     busy_cores: float = Field(0.25, ge=0, le=1024)
+    passes: int = Field(8, ge=1, le=100)
     real_length_rounds: int = Field(3, ge=0, le=100)
     real_length_examples: int = Field(1000, ge=1)
 
