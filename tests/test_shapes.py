@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.benchmark import benchmark
 from pipeline.compress.methods.none.config import NoneConfig
 from pipeline.compress.shapes import (
     LatencyTable,
@@ -659,11 +658,11 @@ def test_the_planned_shape_is_timed_before_training_and_the_check_is_cached(tmp_
     from tests.helpers import VOCAB, tiny_tokenizer
 
     _machine_says(monkeypatch, [False])
-    timed = []
+    timed, quiet = [], plan_stage.benchmark
 
     def spy(models, *args, **kwargs):
         timed.append((sorted(models), kwargs.get("repeat")))
-        return benchmark(models, *args, **kwargs)
+        return quiet(models, *args, **kwargs)
 
     monkeypatch.setattr(plan_stage, "benchmark", spy)
     shape = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512)
