@@ -138,6 +138,8 @@ def test_a_repeated_cell_is_timed_in_passes_and_its_speedup_is_the_median_of_the
         assert rows[1]["speedup_p50"] == pytest.approx(float(np.median(ratios)))
         assert "pass_speedups" not in rows[2]
         assert rows[2]["speedup_p50"] == pytest.approx(cells[(baseline, 2)]["p50_ms"] / cells[(model, 2)]["p50_ms"])
+    md = render_markdown(_report({**res, "speedups": speedups(res)}))
+    assert "1 × 8 was timed in 3 passes; its speedups are the median of the passes' ratios (one pass read: " in md
 
 
 def test_the_median_of_pass_ratios_is_not_the_ratio_of_pooled_p50s():
@@ -150,6 +152,21 @@ def test_the_median_of_pass_ratios_is_not_the_ratio_of_pooled_p50s():
     ]}  # fmt: skip
     (row,) = speedups(result)
     assert row["pass_speedups"] == [8.0, 8.0, 8.0] and row["speedup_p50"] == 8.0  # pooled p50s would say 10x
+
+
+def test_the_latency_script_times_the_headline_cell_in_passes(models, tmp_path):
+    """`benchmarks/latency.py --passes N`: the 8 x 128 cell in N passes, its speedup the median of their ratios (the
+    JSON carries each), the other cells once."""
+    out = tmp_path / "lat.json"
+    cmd = [sys.executable, "benchmarks/latency.py", f"dense={models['dense']}", f"small={models['compressed']}",
+           "--vocab-size", str(VOCAB), "--batch", "1", "8", "--seq", "128", "--max-runs", "3", "--threads", "1",
+           "--passes", "3", "--json", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert run.returncode == 0, run.stderr
+    rows = {r["batch"]: r for r in json.loads(out.read_text())["speedups"]}
+    passes = rows[8]["pass_speedups"]
+    assert len(passes) == 3 and rows[8]["speedup_p50"] == pytest.approx(np.median(passes), rel=1e-3)
+    assert "pass_speedups" not in rows[1] and "(median of 3 passes" in run.stdout
 
 
 def test_make_inputs(models):

@@ -207,9 +207,10 @@ def calibrate(
     than every shape measured faster. Timing noise can give two neighbouring shapes errors of opposite sign, and
     the last error alone then jumps past a shape already measured on the other side; such a move is replaced by the
     search aimed at the middle of the bracket. Of the checks inside the window, one in its middle half wins (the
-    nearest the middle); if none, one above the middle half: the trained artifact's bench lands within about 5% of
-    its check either way, and falling below the target (the line's speed bar) is the worse miss than rising above
-    the window (a student a little larger than needed). Then the rest inside, nearest the middle; if none inside,
+    nearest the middle); if none, one above the middle half: the trained artifact's bench lands a percent or a few
+    from its check either way (the check times what the bench times, `pipeline.stages.plan.check_record`), and
+    falling below the target (the line's speed bar) is the worse miss than rising above the window (a student a
+    little larger than needed). Then the rest inside, nearest the middle; if none inside,
     the slowest that reached the target; if none reached it, the fastest measured, with a warning."""
     shape, checks = first, []
     top, aim = target * (1 + headroom), target * (1 + headroom / 2)

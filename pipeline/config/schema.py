@@ -297,7 +297,7 @@ class BenchSettings(FrozenModel):
             shapes; 0: not timed.
         passes: the headline cell (the speed target's input shape), and a speed target's shape checks, are timed in
             this many passes of a cell each, one after another; the speedup is the median of the passes' ratios.
-            One pass's ratio spread by ±5% on a quiet shared 2-core VM, eight passes' median by about ±1.5%
+            One pass's ratio spread by ±5% on a quiet shared 2-core VM, eight passes' median by 1-2%
             (docs/results.md, "Speed that lands where planned").
     """
 
