@@ -195,8 +195,8 @@ def _time_cell(
     sessions: dict, feeds: dict, cfg: Grid, check: Callable[[], None], warm: bool = True
 ) -> dict[str, list[float]]:
     names = list(sessions)
-    for name in names if warm else ():
-        for _ in range(cfg.warmup):
+    for name in names:
+        for _ in range(cfg.warmup if warm else 0):  # a later pass of the same cell is warm already
             sessions[name].run(None, feeds[name])
     times: dict[str, list[float]] = {n: [] for n in names}
     gc.collect()

@@ -297,8 +297,9 @@ class BenchSettings(FrozenModel):
             shapes; 0: not timed.
         passes: the headline cell (the speed target's input shape), and a speed target's shape checks, are timed in
             this many passes of a cell each, one after another; the speedup is the median of the passes' ratios.
-            One pass's ratio spread by ±5% on a quiet shared 2-core VM, eight passes' median by 1-2%
-            (docs/results.md, "Speed that lands where planned").
+            One pass's ratio spread by ±5% on a quiet shared 2-core VM, eight passes' median by 1-2% within
+            minutes; over tens of minutes the VM's ratio itself moved 3-5% (docs/results.md, "Speed that lands
+            where planned").
     """
 
     batch_sizes: tuple[BatchSize, ...] = Field((1, 8, 32), min_length=1)
