@@ -42,12 +42,12 @@ from export.onnx import export_optimized
 from pipeline.cache import default_cache_dir
 from pipeline.config.recipes import stage_keys
 from pipeline.data.encoding import encode
+from pipeline.devices import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.models.folders import load_tokenizer
 from pipeline.models.io import load_model
 from pipeline.request import prepare_request
 from pipeline.stages import compact, compress
-from pipeline.train.loop import resolve_device
 from pipeline.train.metrics import predict_logits, scores
 from pipeline.train.parity import onnx_logits
 from serving.artifact import GRAPHS

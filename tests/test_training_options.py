@@ -1,6 +1,7 @@
 """Training options that change how steps run, not what a stage means: bf16 mixed precision and length-grouped
 batches."""
 
+import pytest
 import torch
 
 from pipeline.data.loaders import DataRef
@@ -13,10 +14,10 @@ STEPS = ["train.max_steps=12", "train.batch_size=8", "train.eval_every=4"]
 
 
 def test_bf16_training_runs_and_leaves_fp32_cache_keys_as_they_were(classifier_dirs, tmp_path, monkeypatch):
+    from pipeline import devices
     from pipeline.config.schema import TrainConfig
-    from pipeline.train import loop
 
-    monkeypatch.setattr(loop, "native_bf16_cpu", lambda: True)  # emulated bf16 is slow, not wrong: fine for 12 steps
+    monkeypatch.setattr(devices, "native_bf16_cpu", lambda: True)  # emulated bf16: slow, not wrong, for 12 steps
 
     assert "precision" not in TrainConfig().model_dump()  # fp32 stages keep the keys they had before bf16 existed
     assert TrainConfig(precision="bf16").model_dump()["precision"] == "bf16"
@@ -59,16 +60,44 @@ def test_grouping_by_length_keeps_every_example_once_and_pads_less():
 def test_bf16_on_a_cpu_without_native_bfloat16_is_one_line(classifier_dirs, tmp_path, monkeypatch):
     import pytest
 
+    from pipeline import devices
     from pipeline.errors import PipelineError
-    from pipeline.train import loop
 
-    monkeypatch.setattr(loop, "native_bf16_cpu", lambda: False)
+    monkeypatch.setattr(devices, "native_bf16_cpu", lambda: False)
     overrides = ["config.layers=[1]", "config.tune_steps=0", "config.train.precision=bf16", "config.train.device=cpu"]
     config = build_deploy_config("mlp_fusion", "sst2", overrides=overrides + [f"config.{o}" for o in STEPS])
     with pytest.raises(PipelineError, match=r"bf16 needs a GPU or a CPU with native bfloat16") as caught:
         compress(config, str(classifier_dirs["bert"]), DATA, str(tmp_path / "cache"))
     assert "\n" not in str(caught.value)
     assert not list((tmp_path / "cache").rglob("model.safetensors"))  # nothing cached
+
+
+@pytest.mark.parametrize(("native", "device", "resolved"), [
+    (True, "cpu", "bf16"), (False, "cpu", "fp32"), (False, "auto", "fp32"), (True, "auto", "bf16"),
+])  # fmt: skip
+def test_auto_precision_is_decided_when_the_config_is_read(native, device, resolved, monkeypatch):
+    from pipeline import devices
+    from pipeline.config.schema import TrainConfig
+
+    monkeypatch.setattr(devices, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = TrainConfig(precision="auto", device=device)
+    assert cfg.precision == resolved  # the config, its cache key and the report say what the steps ran in
+    assert TrainConfig.model_validate_json(cfg.model_dump_json()) == cfg
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert TrainConfig(precision="auto", device="cuda").precision == "bf16"
+
+
+@pytest.mark.parametrize("recipe", ["embedding", "embedding-shallow"])
+@pytest.mark.parametrize("native", [True, False])
+def test_the_embedding_recipes_recover_in_bf16_where_it_is_fast(recipe, native, monkeypatch):
+    from pipeline import devices
+
+    monkeypatch.setattr(devices, "native_bf16_cpu", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    distill, smp = build_deploy_config("distill+smp", "stsb", recipe, ["target.speedup=8"]).chain
+    assert smp.train.precision == ("bf16" if native else "fp32") and smp.train.group_by_length
+    assert distill.train.precision == "fp32"  # its cached stages were trained so; SMP's bf16 was measured
 
 
 def test_the_loop_s_adamw_is_fused_on_cpu_and_steps_as_the_unfused_one_does():

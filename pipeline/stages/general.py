@@ -23,12 +23,13 @@ from pipeline.compress.methods.distill.losses import DirectProjections, layer_ma
 from pipeline.compress.methods.distill.stage import distill_loss
 from pipeline.data.corpus import read_corpus
 from pipeline.data.encoding import encode_corpus
+from pipeline.devices import resolve_device
 from pipeline.models.families import arch_of
 from pipeline.models.folders import check_model_dir, load_tokenizer
 from pipeline.models.io import save_weights
 from pipeline.models.layers import encoder_layers
 from pipeline.report import derived_line
-from pipeline.train.loop import num_steps, resolve_device, train
+from pipeline.train.loop import num_steps, train
 from pipeline.train.losses import HiddenProjections
 
 log = logging.getLogger(__name__)

@@ -27,9 +27,9 @@ SCORES_VERSION = "1"
 
 def kd_recipe(cfg: TrainConfig) -> TrainConfig:
     """The teacher's recipe for the KD model: bf16 where it is fast, batches grouped by length."""
-    from pipeline.train.loop import native_bf16_cpu, resolve_device
+    from pipeline.devices import fast_precision
 
-    fast_bf16 = resolve_device(cfg.device).type == "cuda" or native_bf16_cpu()
+    fast_bf16 = fast_precision(cfg.device) == "bf16"
     return cfg.model_copy(update={"group_by_length": True, **({"precision": "bf16"} if fast_bf16 else {})})
 
 

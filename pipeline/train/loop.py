@@ -19,9 +19,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from pipeline import checkpoints, distributed, interrupts
+from pipeline import checkpoints, devices, distributed, interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import iter_batches
+from pipeline.devices import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.kinds.base import Encoded
 from pipeline.train.fake_quant import fake_int8
@@ -51,30 +52,13 @@ class TrainResult:
         }
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but CUDA is not available")
-    return torch.device(name)
-
-
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX); elsewhere torch emulates it, and on an
-    AVX2 EPYC a bfloat16 matmul took 80x as long as the float32 one (512 x 768 x 3072: 2.5 s against 30 ms)."""
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if not any(probes):
-        return True  # a torch without the probes: do not refuse what may well be fast
-    return any(probe() for probe in probes if probe is not None)
-
-
 def check_precision(cfg: TrainConfig, device: torch.device) -> None:
     """bf16 only where it is fast: a GPU, or a CPU with native bfloat16.
 
     Raises:
         PipelineError: bf16 on a CPU that would emulate it.
     """
-    if cfg.precision == "bf16" and device.type == "cpu" and not native_bf16_cpu():
+    if cfg.precision == "bf16" and device.type == "cpu" and not devices.native_bf16_cpu():
         raise PipelineError(
             "train.precision=bf16 needs a GPU or a CPU with native bfloat16 (AVX-512 BF16 or AMX); this CPU would "
             "emulate it, many times slower than fp32: use fp32 (the default)"

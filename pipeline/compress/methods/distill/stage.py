@@ -12,10 +12,11 @@ from pipeline.compress.methods.distill import derived as rules
 from pipeline.compress.methods.distill.config import DistillConfig, GeneralConfig
 from pipeline.compress.methods.distill.losses import DirectProjections, direct_loss, layer_mapping, relation_loss
 from pipeline.compress.methods.distill.students import build_student
+from pipeline.devices import resolve_device
 from pipeline.models.families import arch_of, family_of
 from pipeline.models.layers import encoder_layers, head_counts
 from pipeline.report import derived_line
-from pipeline.train.loop import resolve_device, train
+from pipeline.train.loop import train
 from pipeline.train.losses import (
     HiddenProjections,
     LossFn,

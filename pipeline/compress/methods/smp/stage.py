@@ -15,9 +15,10 @@ from pipeline.compress.methods.smp.heads import resolve_head
 from pipeline.compress.methods.smp.verbalizer import build_verbalizer_classifier
 from pipeline.compress.selection import cubic
 from pipeline.data.encoding import collate
+from pipeline.devices import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.models.folders import check_model_dir
-from pipeline.train.loop import resolve_device, train
+from pipeline.train.loop import train
 from pipeline.train.losses import classification_loss, prediction_rows
 
 log = logging.getLogger(__name__)
