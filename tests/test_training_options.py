@@ -58,8 +58,6 @@ def test_grouping_by_length_keeps_every_example_once_and_pads_less():
 
 
 def test_bf16_on_a_cpu_without_native_bfloat16_is_one_line(classifier_dirs, tmp_path, monkeypatch):
-    import pytest
-
     from pipeline import devices
     from pipeline.errors import PipelineError
 

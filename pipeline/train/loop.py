@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 from pipeline import checkpoints, devices, distributed, interrupts
 from pipeline.config.schema import TrainConfig
 from pipeline.data.encoding import iter_batches
-from pipeline.devices import resolve_device
 from pipeline.errors import PipelineError
 from pipeline.kinds.base import Encoded
 from pipeline.train.fake_quant import fake_int8
@@ -122,7 +121,7 @@ def train(
             checkpointed with them.
         desc: label of the progress bar.
     """
-    device = resolve_device(cfg.device)
+    device = devices.resolve_device(cfg.device)
     check_precision(cfg, device)
     torch.manual_seed(cfg.seed + RANK_SEED_STRIDE * distributed.rank())  # dropout: each rank its own masks
     gen = torch.Generator().manual_seed(cfg.seed)  # the batches: one order, which the ranks share out
