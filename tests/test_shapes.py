@@ -511,10 +511,13 @@ def test_the_shallow_embedding_recipe_is_the_embedding_one_down_to_a_third_of_th
     assert (shallow.target.min_depth, base.target.min_depth) == (0.33, 0.5)
     assert shallow.target.objective == base.target.objective == "widths"
     # the same chain but for recovery at the distillation's rate and twice as long, which wins back more of the
-    # deeper mask
+    # deeper mask, its last 1,000 steps on the int8 graph's rounding
     distill, smp = base.chain
-    assert (smp.recover_lr, smp.recover_steps) == (5.0e-5, 3000)
-    assert shallow.chain == (distill, smp.updated(recover_lr=1.0e-4, recover_steps=6000))
+    assert (smp.recover_lr, smp.recover_steps, smp.train.fake_quant_steps) == (5.0e-5, 3000, 0)
+    recovery = smp.updated(
+        recover_lr=1.0e-4, recover_steps=6000, train={**smp.train.model_dump(), "fake_quant_steps": 1000}
+    )
+    assert shallow.chain == (distill, recovery)
     assert layer_options(shallow, 6) == [2, 3, 4, 5, 6] and layer_options(base, 6) == [3, 4, 5, 6]
 
 
