@@ -93,7 +93,8 @@ def _deploy(method: str, model_dir: Path, tmp_path: Path, *extra: str) -> dict:
                  "bench.real_length_rounds=0", *LOOSE_GATES[1::2], *extra]  # fmt: skip
     for name in method.split("+"):
         section = "config" if "+" not in method else f"config.{name}"
-        overrides += [f"{section}.train.max_steps=2"] + ([f"{section}.transfer_steps=2"] if name == "distill" else [])
+        phase = {"distill": "transfer_steps", "smp": "recover_steps"}[name]  # each stage's second phase too
+        overrides += [f"{section}.train.max_steps=2", f"{section}.{phase}=2"]
     request = prepare_request(method, "sst2", model=str(model_dir), output_dir=str(tmp_path / "out"),
                               cache_dir=str(tmp_path / "cache"), overrides=overrides)  # fmt: skip
     run = engine.prepare(request)

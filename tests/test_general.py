@@ -321,6 +321,7 @@ def test_distill_general_then_deploy_on_its_student(base_dirs, tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr.strip().splitlines()[-1]
 
     args, env = quick_args("distill", student, tmp_path, "--set", "config.student.layers=1",
-                           "--set", "config.relation_heads=4", *LOOSE_GATES)  # fmt: skip
+                           "--set", "config.relation_heads=4", "--set", "config.transfer_steps=2",
+                           *LOOSE_GATES)  # fmt: skip
     deployed = run_cli(args, env)
     assert deployed.returncode == 0, deployed.stderr[-3000:]
