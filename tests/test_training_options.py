@@ -98,24 +98,6 @@ def test_the_embedding_recipes_recover_in_bf16_where_it_is_fast(recipe, native, 
     assert distill.train.precision == "fp32"  # its cached stages were trained so; SMP's bf16 was measured
 
 
-def test_the_shallow_embedding_recipe_ends_its_recovery_on_int8_rounding():
-    """From 8x (all-mpnet-base-v2's student lost 0.84 of validation Spearman to int8, 0.40 with it); 4x's recipe,
-    whose students lose ~0.1 to int8, and distillation (its cached stages) are left as measured."""
-    shallow = build_deploy_config("distill+smp", "stsb", "embedding-shallow", ["target.speedup=8"])
-    distill, smp = shallow.chain
-    assert smp.train.fake_quant_steps == 1000 < smp.recover_steps and distill.train.fake_quant_steps == 0
-    assert (
-        build_deploy_config("distill+smp", "stsb", "embedding", ["target.speedup=4"]).chain[1].train.fake_quant_steps
-        == 0
-    )
-    by_hand = build_deploy_config(
-        "distill+smp", "stsb", "embedding-shallow", ["config.smp.train.fake_quant_steps=1000"]
-    )
-    assert (
-        by_hand.chain == build_deploy_config("distill+smp", "stsb", "embedding-shallow").chain
-    )  # the measured runs' config
-
-
 def test_the_loop_s_adamw_is_fused_on_cpu_and_steps_as_the_unfused_one_does():
     from pipeline.train.loop import _param_groups, adamw
 
