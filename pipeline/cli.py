@@ -176,7 +176,13 @@ def deploy(
         list[str] | None, typer.Option("--set", help="Override any recipe key: --set config.ratio=0.5")
     ] = None,
     teacher_steps: Annotated[int | None, typer.Option(help="Teacher fine-tuning step budget.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Method training step budget.")] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Steps of every training phase of every method (train.max_steps, SMP's recovery, distillation's "
+            "transfer, MLP Fusion's tuning; a phase the recipe skips stays skipped)."
+        ),
+    ] = None,
     max_train: Annotated[int | None, typer.Option(help="Use at most N training examples.")] = None,
     max_dev: Annotated[int | None, typer.Option(help="Use at most N dev examples.")] = None,
     bench_runs: Annotated[int | None, typer.Option(help="Maximum timed runs per benchmark cell.")] = None,
@@ -220,20 +226,18 @@ def _request(
     method, task, *, set_, teacher_steps, steps, max_train, max_dev, bench_runs, target_speedup, output, **kw
 ):
     """The checked DeployRequest for `deploy`'s options (shortcut options become recipe overrides)."""
-    from pipeline.config.recipes import shortcut_overrides, stage_keys
+    from pipeline.config.recipes import shortcut_overrides
     from pipeline.errors import PipelineError
     from pipeline.request import prepare_request
 
     if method is None and target_speedup is None:
         raise PipelineError("give --method (see `pipeline methods`), or --target-speedup X (which runs distill+smp)")
     method = method or TARGET_CHAIN
-    # `--steps` is every trained stage's budget: a chain has one train section per method
-    method_steps = dict.fromkeys(stage_keys(method, "train.max_steps"), steps)
     overrides = shortcut_overrides(set_, {
-        "teacher.max_steps": teacher_steps, **method_steps, "data.max_train": max_train,
-        "data.max_dev": max_dev, "bench.max_runs": bench_runs, "target.speedup": target_speedup,
+        "teacher.max_steps": teacher_steps, "data.max_train": max_train, "data.max_dev": max_dev,
+        "bench.max_runs": bench_runs, "target.speedup": target_speedup,
     })  # fmt: skip
-    return prepare_request(method, task, output_dir=output, overrides=overrides, **kw)
+    return prepare_request(method, task, output_dir=output, overrides=overrides, steps=steps, **kw)
 
 
 # what --target-speedup runs without --method: the chain every target here was measured on

@@ -75,18 +75,21 @@ def build_deploy_config(
     recipe: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     custom_task: CustomTask | None = None,
+    steps: int | None = None,
 ) -> DeployConfig:
     """Resolve recipe (given, else the packaged default for method/task) + overrides into a validated config;
     `custom_task` is a user's task (its name is `task`), else `task` is a built-in one. A speed target with no recipe
     named runs with the one its task kind measured best at that speed (`Kind.target_recipes`), where the chain
-    ships it; the config records which (`chosen_recipe`)."""
+    ships it; the config records which (`chosen_recipe`). `steps` (`--steps`) is every training phase's budget
+    (`lay_step_budget`)."""
     chain = parse_chain(method)
     kind = custom_task.kind if custom_task is not None else get_task(task).kind
     trained = tuple(m.name for m in chain if "train" in m.config_cls.model_fields)
+    phases = {m.name: {k: m.config_cls.model_fields[k].default for k in m.config_cls.PHASE_STEPS} for m in chain}
 
     def config(recipe: str | Path | None, **extra: str) -> DeployConfig:
         data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind,
-                           trained=trained)  # fmt: skip
+                           trained=trained, steps=steps, phases=phases)  # fmt: skip
         if custom_task is not None:
             data["custom_task"] = custom_task.model_dump()
         return parse(DeployConfig, {**data, **extra}, "recipe")  # each method's section parsed once, here
@@ -231,10 +234,11 @@ def prepare_request(
     overrides: list[str] | tuple[str, ...] = (),
     sign_key: str | None = None,
     nproc: int = 1,
+    steps: int | None = None,
 ) -> DeployRequest:
     """Validate method, task, recipe, model and teacher folders, data and output path; return the request."""
     task, custom = resolve_task(task, task_file)
-    config = build_deploy_config(method, task, recipe, overrides, custom)
+    config = build_deploy_config(method, task, recipe, overrides, custom, steps)
     spec = task_spec(config.task, config.custom_task)
     check_writable_dir(output_dir, "output folder")
     cache = check_writable_dir(cache_dir or default_cache_dir(), "cache folder")

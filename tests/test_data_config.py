@@ -14,7 +14,6 @@ from pipeline.config.recipes import (
     default_recipe_path,
     load_recipe,
     read_yaml_mapping,
-    stage_keys,
 )
 from pipeline.config.schema import TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
@@ -349,12 +348,26 @@ def test_validation_holds_out_whole_sentences_by_default_where_a_random_slice_le
     assert pairs.validation_unit == "example"  # pairs cannot leak so: carved by example
 
 
-@pytest.mark.parametrize("method", ["smp", "distill+smp"])
-def test_stage_keys_address_every_method_of_a_chain(method):
-    cfg = build_deploy_config(method, "sst2", overrides=[f"{k}=cpu" for k in stage_keys(method, "train.device")])
-    stages = cfg.chain_configs
+SECOND_PHASE = {"smp": "recover_steps", "distill": "transfer_steps", "mlp_fusion": "tune_steps"}
+
+
+@pytest.mark.parametrize("method", ["smp", "distill+smp", "mlp_fusion"])
+def test_steps_budget_every_phase_of_every_method_of_a_chain(method):
+    """`--steps N` is N steps of each phase (the recipes' second phases run 60 to 3,000 steps otherwise)."""
+    stages = build_deploy_config(method, "sst2", steps=4).chain_configs
     assert [m.name for m, _ in stages] == method.split("+")
-    assert all(stage.train.device == "cpu" for _, stage in stages)
+    for m, stage in stages:
+        assert (stage.train.max_steps, getattr(stage, SECOND_PHASE[m.name])) == (4, 4), m.name
+
+
+def test_steps_leave_a_skipped_phase_skipped_and_a_set_wins(tmp_path):
+    (tmp_path / "pure.yaml").write_text("method: smp\nconfig:\n  recover_steps: 0\n")  # pure SMP
+    assert build_deploy_config("smp", "sst2", tmp_path / "pure.yaml", steps=4).method_config.recover_steps == 0
+    joint = build_deploy_config("distill", "sst2", overrides=["config.transfer_steps=0"], steps=4).method_config
+    assert (joint.transfer_steps, joint.train.max_steps) == (0, 4)
+    told = ["config.smp.recover_steps=2", "config.distill.train.max_steps=3"]
+    distill, smp = build_deploy_config("distill+smp", "sst2", overrides=told, steps=4).chain
+    assert (distill.train.max_steps, distill.transfer_steps, smp.train.max_steps, smp.recover_steps) == (3, 4, 4, 2)
 
 
 def test_the_layerwise_recipe_is_long_with_an_augmented_copy_and_layer_kd_in_both_stages():

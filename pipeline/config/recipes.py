@@ -130,10 +130,21 @@ def stage_path(method: str, name: str) -> tuple[str, ...]:
     return (name,) if CHAIN_SEP in method else ()
 
 
-def stage_keys(method: str, key: str) -> list[str]:
-    """The `--set` key of `key` in each method's settings of `method` (`config.<key>`, or `config.<m>.<key>` per
-    method m of a chain)."""
-    return [".".join(("config", *stage_path(method, name), key)) for name in method.split(CHAIN_SEP)]
+def lay_step_budget(
+    data: dict[str, Any], method: str, trained: tuple[str, ...], steps: int, phases: dict[str, dict[str, int]]
+) -> None:
+    """`--steps N`, in the recipe `data`, in place: every trained method's `train.max_steps` and each of its other
+    phases (`phases[name]`: SMP's recovery, distillation's relation transfer, MLP Fusion's tuning, with the value
+    each has when the recipe is silent) take N steps, so `--steps 4` is a short run of every phase. A phase the
+    recipe leaves out (0 steps: pure SMP, one joint distillation phase) stays out; a `--set` still wins."""
+    for name in trained:
+        section = data.setdefault("config", {})
+        for part in stage_path(method, name):
+            section = section.setdefault(part, {})
+        section.setdefault("train", {})["max_steps"] = steps
+        for key, default in phases.get(name, {}).items():
+            if section.get(key, default):
+                section[key] = steps
 
 
 def lay_kind_settings(data: dict[str, Any], kind: str, method: str, trained: tuple[str, ...]) -> None:
@@ -180,9 +191,12 @@ def load_recipe(
     task_recipes: bool = True,
     kind: str | None = None,
     trained: tuple[str, ...] = (),
+    steps: int | None = None,
+    phases: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The recipe (given, else the packaged default for method/task) with its teacher resolved, the task kind's
-    settings laid under it and the overrides applied, as a plain mapping for `DeployConfig`. `task_recipes` False
+    settings laid under it, the step budget `steps` (`lay_step_budget`; `phases`: each method's other phases and
+    their defaults) and the overrides applied, as a plain mapping for `DeployConfig`. `task_recipes` False
     (a user's task, whose name may be any recipe's) skips the per-task recipe files; `trained` names the methods
     of the chain that have a `train` section."""
     lookup = task if task_recipes else None
@@ -197,6 +211,8 @@ def load_recipe(
     resolve_teacher(data)
     if kind is not None:
         lay_kind_settings(data, kind, method, trained)
+    if steps is not None:
+        lay_step_budget(data, method, trained, steps, phases or {})
     for assignment in overrides:
         apply_override(data, assignment)
     resolve_teacher(data)  # `--set teacher=NAME` names another shared definition

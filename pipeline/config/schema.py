@@ -171,6 +171,8 @@ class MethodConfig(FrozenModel):
 
     name: ClassVar[str]
     train: TrainConfig = TrainConfig()
+    # the fields holding the step counts of the method's phases besides `train.max_steps` (`--steps` sets them too)
+    PHASE_STEPS: ClassVar[tuple[str, ...]] = ()
 
     def preflight(self, model_dir: Path, teacher_dir: Path | None, model_config: dict[str, Any], task: Any) -> None:
         """Check the config against the base model folder, the teacher folder when given (its config in

@@ -104,6 +104,7 @@ class DistillConfig(TransferLosses, MethodConfig):
     """
 
     name: ClassVar[str] = "distill"
+    PHASE_STEPS: ClassVar[tuple[str, ...]] = ("transfer_steps",)
 
     student: StudentConfig = StudentConfig()
     transfer_steps: int = Field(300, ge=0)

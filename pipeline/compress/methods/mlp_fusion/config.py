@@ -30,6 +30,7 @@ class MlpFusionConfig(MethodConfig):
     """
 
     name: ClassVar[str] = "mlp_fusion"
+    PHASE_STEPS: ClassVar[tuple[str, ...]] = ("tune_steps",)
 
     ratio: float = Field(0.25, gt=0, le=1)
     layers: list[int] | None = None

@@ -39,6 +39,7 @@ class SmpConfig(PruningConfig):
     """
 
     name: ClassVar[str] = "smp"
+    PHASE_STEPS: ClassVar[tuple[str, ...]] = ("recover_steps",)
 
     sparsity: float = Field(0.5, ge=0, lt=1)
     mask: MaskConfig = MaskConfig(allocation="soft")
