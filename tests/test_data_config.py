@@ -14,6 +14,7 @@ from pipeline.config.recipes import (
     default_recipe_path,
     load_recipe,
     read_yaml_mapping,
+    stage_keys,
 )
 from pipeline.config.schema import TrainConfig
 from pipeline.data.loaders import Split, carve_validation, load_task_data, resolve_source
@@ -347,6 +348,14 @@ def test_validation_holds_out_whole_sentences_by_default_where_a_random_slice_le
     assert clean.fingerprint == example.fingerprint and clean.describe() == example.describe()
     pairs = load_task_data("rte", SHARED_DATA / "rte", source="tsv", max_train=200, validation=default)
     assert pairs.validation_unit == "example"  # pairs cannot leak so: carved by example
+
+
+@pytest.mark.parametrize("method", ["smp", "distill+smp"])
+def test_stage_keys_address_every_method_of_a_chain(method):
+    cfg = build_deploy_config(method, "sst2", overrides=[f"{k}=cpu" for k in stage_keys(method, "train.device")])
+    stages = cfg.chain_configs
+    assert [m.name for m, _ in stages] == method.split("+")
+    assert all(stage.train.device == "cpu" for _, stage in stages)
 
 
 SECOND_PHASE = {"smp": "recover_steps", "distill": "transfer_steps", "mlp_fusion": "tune_steps"}

@@ -130,6 +130,12 @@ def stage_path(method: str, name: str) -> tuple[str, ...]:
     return (name,) if CHAIN_SEP in method else ()
 
 
+def stage_keys(method: str, key: str) -> list[str]:
+    """The `--set` key of `key` in each method's settings of `method` (`config.<key>`, or `config.<m>.<key>` per
+    method m of a chain)."""
+    return [".".join(("config", *stage_path(method, name), key)) for name in method.split(CHAIN_SEP)]
+
+
 def lay_step_budget(
     data: dict[str, Any], method: str, trained: tuple[str, ...], steps: int, phases: dict[str, dict[str, int]]
 ) -> None:
