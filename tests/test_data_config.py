@@ -363,7 +363,7 @@ SECOND_PHASE = {"smp": "recover_steps", "distill": "transfer_steps", "mlp_fusion
 
 @pytest.mark.parametrize("method", ["smp", "distill+smp", "mlp_fusion"])
 def test_steps_budget_every_phase_of_every_method_of_a_chain(method):
-    """`--steps N` is N steps of each phase (the recipes' second phases run 60 to 3,000 steps otherwise)."""
+    """`--steps N` is N steps of each phase (the recipes' second phases run 60 to 6,000 steps otherwise)."""
     stages = build_deploy_config(method, "sst2", steps=4).chain_configs
     assert [m.name for m, _ in stages] == method.split("+")
     for m, stage in stages:
