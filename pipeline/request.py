@@ -84,12 +84,13 @@ def build_deploy_config(
     (`lay_step_budget`)."""
     chain = parse_chain(method)
     kind = custom_task.kind if custom_task is not None else get_task(task).kind
-    trained = tuple(m.name for m in chain if "train" in m.config_cls.model_fields)
-    phases = {m.name: {k: m.config_cls.model_fields[k].default for k in m.config_cls.PHASE_STEPS} for m in chain}
+    fields = {m.name: m.config_cls.model_fields for m in chain}
+    trained = {m.name: {k: fields[m.name][k].default for k in m.config_cls.PHASE_STEPS}
+               for m in chain if "train" in fields[m.name]}  # fmt: skip
 
     def config(recipe: str | Path | None, **extra: str) -> DeployConfig:
         data = load_recipe(method, task, recipe, overrides, task_recipes=custom_task is None, kind=kind,
-                           trained=trained, steps=steps, phases=phases)  # fmt: skip
+                           trained=trained, steps=steps)  # fmt: skip
         if custom_task is not None:
             data["custom_task"] = custom_task.model_dump()
         return parse(DeployConfig, {**data, **extra}, "recipe")  # each method's section parsed once, here

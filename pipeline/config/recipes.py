@@ -136,19 +136,17 @@ def stage_keys(method: str, key: str) -> list[str]:
     return [".".join(("config", *stage_path(method, name), key)) for name in method.split(CHAIN_SEP)]
 
 
-def lay_step_budget(
-    data: dict[str, Any], method: str, trained: tuple[str, ...], steps: int, phases: dict[str, dict[str, int]]
-) -> None:
+def lay_step_budget(data: dict[str, Any], method: str, steps: int, trained: dict[str, dict[str, int]]) -> None:
     """`--steps N`, in the recipe `data`, in place: every trained method's `train.max_steps` and each of its other
-    phases (`phases[name]`: SMP's recovery, distillation's relation transfer, MLP Fusion's tuning, with the value
+    phases (`trained[name]`: SMP's recovery, distillation's relation transfer, MLP Fusion's tuning, with the value
     each has when the recipe is silent) take N steps, so `--steps 4` is a short run of every phase. A phase the
     recipe leaves out (0 steps: pure SMP, one joint distillation phase) stays out; a `--set` still wins."""
-    for name in trained:
+    for name, phases in trained.items():
         section = data.setdefault("config", {})
         for part in stage_path(method, name):
             section = section.setdefault(part, {})
         section.setdefault("train", {})["max_steps"] = steps
-        for key, default in phases.get(name, {}).items():
+        for key, default in phases.items():
             if section.get(key, default):
                 section[key] = steps
 
@@ -196,15 +194,15 @@ def load_recipe(
     overrides: list[str] | tuple[str, ...] = (),
     task_recipes: bool = True,
     kind: str | None = None,
-    trained: tuple[str, ...] = (),
+    trained: dict[str, dict[str, int]] | None = None,
     steps: int | None = None,
-    phases: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The recipe (given, else the packaged default for method/task) with its teacher resolved, the task kind's
-    settings laid under it, the step budget `steps` (`lay_step_budget`; `phases`: each method's other phases and
-    their defaults) and the overrides applied, as a plain mapping for `DeployConfig`. `task_recipes` False
-    (a user's task, whose name may be any recipe's) skips the per-task recipe files; `trained` names the methods
-    of the chain that have a `train` section."""
+    settings laid under it, the step budget `steps` (`lay_step_budget`) and the overrides applied, as a plain
+    mapping for `DeployConfig`. `task_recipes` False (a user's task, whose name may be any recipe's) skips the
+    per-task recipe files; `trained` maps each method of the chain that has a `train` section to its other
+    training phases and their defaults (`PHASE_STEPS`)."""
+    trained = trained or {}
     lookup = task if task_recipes else None
     path = resolve_recipe(method, recipe) if recipe else default_recipe_path(method, lookup)
     if path is None and CHAIN_SEP in method:
@@ -216,9 +214,9 @@ def load_recipe(
     data["task"] = task
     resolve_teacher(data)
     if kind is not None:
-        lay_kind_settings(data, kind, method, trained)
+        lay_kind_settings(data, kind, method, tuple(trained))
     if steps is not None:
-        lay_step_budget(data, method, trained, steps, phases or {})
+        lay_step_budget(data, method, steps, trained)
     for assignment in overrides:
         apply_override(data, assignment)
     resolve_teacher(data)  # `--set teacher=NAME` names another shared definition
