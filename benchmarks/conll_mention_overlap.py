@@ -1,7 +1,7 @@
 """How much a CoNLL validation slice leaks through its documents: the share of its entity mentions (exact words with
-their type) that also occur in the training sentences left beside it, for a random slice of sentences (the draw
-`pipeline.kinds.base.Kind.validation_draw` makes: seed 0, min(2,000, a tenth of train)) and for a slice of whole
-documents of about the same size, against the same share for dev. Reads the files only; no model.
+their type) that also occur in the training sentences left beside it, for a random slice of sentences (the draw the
+token kind's `validation_draw` makes, of the recipes' default size: min(2,000, a tenth of train)) and for a slice of
+whole documents of about the same size, against the same share for dev. Reads the files only; no model.
 
 Usage:
     python benchmarks/conll_mention_overlap.py ../shared/data/conll2003 [--seed 0]
@@ -10,21 +10,27 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import math
 import random
+from collections import Counter
 from pathlib import Path
 
-from pipeline.kinds.tagged import DOCSTART, split_tag, to_iob2
+from pipeline.config.schema import DataLimits
+from pipeline.kinds import kind_of
+from pipeline.kinds.entity_metric import entities
+from pipeline.kinds.tagged import DOCSTART
+from serving.artifact import TOKEN
 
 
 def read_documents(path: Path) -> list[tuple[int, list[tuple[str, str]]]]:
-    """(document index, [(word, IOB2 tag)]) per sentence."""
+    """(document index, [(word, tag)]) per sentence: `pipeline.kinds.tagged.read_conll` without dropping the
+    `-DOCSTART-` lines, which are the documents' boundaries here."""
     sentences, current, doc = [], [], -1
     for line in [*path.read_text(encoding="utf-8").splitlines(), ""]:
         fields = line.split()
         if not fields or fields[0] == DOCSTART:
             if current:
-                words, tags = zip(*current, strict=True)
-                sentences.append((doc, list(zip(words, to_iob2(tags), strict=True))))
+                sentences.append((doc, current))
                 current = []
             doc += bool(fields)
             continue
@@ -33,15 +39,9 @@ def read_documents(path: Path) -> list[tuple[int, list[tuple[str, str]]]]:
 
 
 def mentions(sentence: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(type, words) of each entity of an IOB2 sentence."""
-    found: list[tuple[str, list[str]]] = []
-    for word, tag in sentence:
-        prefix, kind = split_tag(tag)
-        if prefix == "B":
-            found.append((kind, [word]))
-        elif prefix == "I":
-            found[-1][1].append(word)
-    return [(kind, " ".join(words)) for kind, words in found]
+    """(type, words) of each entity of a sentence (IOB1 or IOB2, read as entity F1 reads them)."""
+    words = [w for w, _ in sentence]
+    return [(kind, " ".join(words[a : b + 1])) for kind, a, b in entities([t for _, t in sentence])]
 
 
 def seen_share(held, train) -> tuple[float, int]:
@@ -57,13 +57,14 @@ def main() -> None:
     args = parser.parse_args()
     train = read_documents(args.data_dir / "train.txt")
     dev = read_documents(args.data_dir / "dev.txt")
-    n = min(2000, len(train) // 10)
-    drawn = set(random.Random(args.seed).sample(range(len(train)), n))
+    limits = DataLimits()
+    n = min(limits.validation_size, math.floor(limits.validation_fraction * len(train)))
+    drawn = kind_of(TOKEN).validation_draw(train, n, args.seed)
     held = [train[i] for i in sorted(drawn)]
     rows = {"random sentences": (held, [s for i, s in enumerate(train) if i not in drawn])}
     docs = sorted({d for d, _ in train})
     random.Random(args.seed).shuffle(docs)
-    sizes = {d: sum(1 for dd, _ in train if dd == d) for d in docs}
+    sizes = Counter(d for d, _ in train)
     chosen, count = set(), 0
     for d in docs:
         if count >= n:
