@@ -108,6 +108,49 @@ def test_iob1_files_become_their_iob2_conversion(tmp_path):
     assert [CONLL_TAGS[t] for t in split.tags[0]] == ["B-PER", "I-PER", "O", "B-LOC"]
 
 
+def _documents(path: Path, docs: int, per_doc: int, marked: bool = True) -> None:
+    """A CoNLL file of `docs` documents of `per_doc` sentences each; a document's sentences name its own person."""
+    lines = []
+    for d in range(docs):
+        lines += ["-DOCSTART- -X- O", ""] if marked else []
+        lines += [line for k in range(per_doc) for line in (f"Person{d} NNP B-PER", f"said{k} VBD O", "")]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_file_of_documents_is_carved_by_whole_documents_by_default(tmp_path, caplog):
+    """`auto` draws whole documents where the CoNLL file marks them, so no validation sentence's document (its
+    people and places) is trained on; a file without `-DOCSTART-` keeps the random slice, exactly as before."""
+    from pipeline.config.schema import DataLimits
+    from pipeline.data.loaders import DataRef, carve_validation
+    from pipeline.stages.data import run as data_stage
+
+    _documents(tmp_path / "train.conll", docs=40, per_doc=10)
+    _documents(tmp_path / "dev.conll", docs=2, per_doc=3)
+    body = "name: people\nkind: token-classification\ntrain: train.conll\ndev: dev.conll\nlabels: [O, B-PER, I-PER]\n"
+    spec = task_spec("people", load_task_file(_task_file(tmp_path, body)))
+    train = read_conll(tmp_path / "train.conll", spec.labels)
+    assert train.documents == tuple(1 + i // 10 for i in range(400)) and train.subset([0, 15]).documents == (1, 2)
+    default = DataLimits().validation
+    data = load_task_data(spec, validation=default)
+    assert data.validation_unit == "document" and len(data.validation) == 100  # a quarter of 400, by tens
+    held, kept = set(data.validation.documents), set(data.train.documents)
+    assert len(held) == 10 and not held & kept and len(held | kept) == 40
+    assert data.describe()["validation_split"]["chosen"] == "auto: the training file marks 40 documents"
+    asked = load_task_data(spec, validation=(*default[:3], "document"))
+    assert asked.fingerprint == data.fingerprint and asked.auto_chose is None
+    with caplog.at_level("INFO", logger="pipeline.stages.data"):
+        data_stage(DataRef(spec, "files"))
+    assert "validation holds out whole documents (data.validation_unit auto)" in caplog.text
+
+    _documents(tmp_path / "train.conll", docs=40, per_doc=10, marked=False)
+    clean = load_task_data(spec, validation=default)
+    example = load_task_data(spec, validation=(*default[:3], "example"))
+    assert clean.validation_unit == "example" and clean.train.documents == ()
+    assert clean.fingerprint == example.fingerprint and clean.describe() == example.describe()
+    with pytest.raises(PipelineError, match=r"validation_unit=document is for token tasks whose files mark"):
+        carve_validation(clean.train, 10, 0.1, 0, "document")
+
+
 def test_jsonl_takes_tag_names_or_ids(tmp_path):
     path = tmp_path / "ner.jsonl"
     rows = [{"tokens": ["EU", "rejects", "German"], "ner_tags": [3, 0, 7]},
@@ -234,6 +277,9 @@ def test_the_built_in_token_and_qa_tasks_load_with_a_validation_split_carved_fro
     assert data.describe()["source"].startswith("data folder")
     if task == "squad":  # carved by whole contexts: no validation question's paragraph is trained on
         assert not {q.context for q in data.train.questions} & {q.context for q in data.validation.questions}
+    else:  # carved by whole documents (`auto`: the file marks 946): no validation document is trained on
+        assert data.validation_unit == "document" and data.describe()["validation_split"]["documents"] > 50
+        assert not set(data.train.documents) & set(data.validation.documents)
     capped = load_task_data(task, folder, max_train=100, max_dev=50)
     assert (len(capped.train), len(capped.dev)) == (100, 50) and capped.validation == data.validation
 

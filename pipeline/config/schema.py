@@ -267,8 +267,9 @@ class DataLimits(KeyStableModel):
         validation_unit: `example` (a random slice), `sentence` (single-text tasks whose train set holds phrases
             of its sentences, as SST-2's does: validation draws only texts that occur inside no other training
             text, and the training texts inside a drawn one leave train; `pipeline.data.phrases`), or `auto` (the
-            default): `sentence` where more than `LEAK_WARNING` of a random slice's texts sit inside training texts
-            (SST-2: 0.86), else `example`.
+            default): `document` where the training file marks documents (CoNLL's `-DOCSTART-`), `sentence` where
+            more than `LEAK_WARNING` of a random slice's texts sit inside training texts (SST-2: 0.86), else
+            `example`. `document` draws whole documents (a document's sentences name the same entities).
         max_train: a seeded random subset of the rest of train.
         max_dev: the first N of dev.
         corpus_lines: of a `--corpus` (unlabelled sentences for a sentence-embedding task's training split), the
@@ -278,13 +279,14 @@ class DataLimits(KeyStableModel):
     validation_size: int = Field(2000, ge=1)
     validation_fraction: float = Field(0.1, gt=0, lt=1)
     validation_seed: int = 0
-    validation_unit: Literal["auto", "example", "sentence"] = "auto"
+    validation_unit: Literal["auto", "example", "sentence", "document"] = "auto"
     max_train: int | None = Field(None, ge=1)
     max_dev: int | None = Field(None, ge=1)
     corpus_lines: int = Field(20_000, ge=1)
 
     # `auto` left unsaid: data that does not leak resolves it to `example`, the old default, whose configs said
-    # nothing either, so their cached stages keep their keys; leaking data gets another split, so another key
+    # nothing either, so their cached stages keep their keys; leaking data and files of documents get another split,
+    # so another key
     newer_defaults: ClassVar[dict[str, Any]] = {"validation_unit": "auto", "corpus_lines": 20_000}
 
     @property

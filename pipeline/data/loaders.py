@@ -31,6 +31,7 @@ from pipeline.data.phrases import LEAK_WARNING, share_inside, whole_sentences
 from pipeline.data.tasks import TaskSpec, get_task
 from pipeline.errors import PipelineError, one_line
 from pipeline.kinds import kind_of
+from pipeline.kinds.base import whole_groups
 from pipeline.kinds.sequence import Split
 from pipeline.kinds.squad import QASplit
 from pipeline.kinds.tagged import TaggedSplit
@@ -62,9 +63,10 @@ class TaskData:
     dev: AnySplit
     source: str  # human-readable: where the examples came from
     validation_seed: int = 0
-    validation_unit: str = "example"  # as carved: `example` or `sentence` (`auto` resolved)
+    validation_unit: str = "example"  # as carved: `example`, `sentence` or `document` (`auto` resolved)
     dropped_from_train: int = 0  # training texts inside a validation sentence (`validation_unit` sentence)
     random_slice_inside: float | None = None  # `auto` chose sentences: the share of a random slice inside train
+    auto_chose: str | None = None  # why `auto` carved other than by example, as the report says it
     corpus: dict | None = None  # unlabelled sentences added to train (`--corpus`): folder, lines, sha256
 
     @property
@@ -82,8 +84,10 @@ class TaskData:
         unit = {} if self.validation_unit == "example" else {"unit": self.validation_unit}
         if self.dropped_from_train or self.validation_unit != "example":
             unit["dropped_from_train"] = self.dropped_from_train
-        if self.random_slice_inside is not None:
-            unit["chosen"] = f"auto: {self.random_slice_inside:.2f} of a random slice sat inside training texts"
+        if self.validation_unit == "document":
+            unit["documents"] = len(set(self.validation.documents))
+        if self.auto_chose is not None:
+            unit["chosen"] = f"auto: {self.auto_chose}"
         return {
             "source": self.source,
             "train": len(self.train),
@@ -116,8 +120,10 @@ def carve_validation(
     with their whole context (all the questions of a drawn context, until there are n): a validation question
     whose paragraph was trained on would flatter every choice made on it. With `unit` "sentence", texts that
     occur inside no other training text, and the training texts inside them are dropped (`pipeline.data.phrases`);
-    with `example`, training examples that share a text with the slice, where the kind's texts recur (scored
-    pairs: a sentence in several pairs).
+    with "document", whole documents of a split that marks them (CoNLL's `-DOCSTART-`: a document's sentences
+    name the same people and places, so a random slice's mentions were trained on); with `example`, training
+    examples that share a text with the slice, where the kind's texts recur (scored pairs: a sentence in several
+    pairs).
     """
     if len(train) < 2:
         raise PipelineError(f"{len(train)} training example(s): too few to carve a validation split from")
@@ -131,6 +137,12 @@ def carve_validation(
             raise PipelineError("data.validation_unit=sentence is for tasks of one text and a label (phrases of "
                                 "sentences, as SST-2's train set holds); use `example`")  # fmt: skip
         chosen, dropped = whole_sentences(texts, n, seed)
+    elif unit == "document":
+        documents = marked_documents(train)
+        if documents is None:
+            raise PipelineError("data.validation_unit=document is for token tasks whose files mark documents "
+                                "(CoNLL's -DOCSTART- lines); use `example`")  # fmt: skip
+        chosen = whole_groups(documents, n, seed, most=2 * n)  # documents vary in size; a big one is passed over
     else:
         kind = kind_of(train.kind)
         chosen = kind.validation_draw(train, n, seed)
@@ -170,14 +182,23 @@ def load_task_data(
             "pass --data-dir for real data)"
         )
     size, fraction, seed, asked = validation
-    unit = "example" if asked == "auto" else asked
+    documents = marked_documents(train) if asked == "auto" else None
+    unit = ("document" if documents else "example") if asked == "auto" else asked
     kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
-    inside = _leaking_share(kept, val) if asked == "auto" else None
+    inside = _leaking_share(kept, val) if asked == "auto" and not documents else None
+    reason = f"the training file marks {len(set(documents))} documents" if documents else None
     if inside is not None:  # `auto`, and the random slice leaks: whole sentences instead
-        unit = "sentence"
+        unit, reason = "sentence", f"{inside:.2f} of a random slice sat inside training texts"
         kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
     train, dev = _limit(kept, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
-    return TaskData(spec, train, val, dev, label, seed, unit, dropped, inside)
+    return TaskData(spec, train, val, dev, label, seed, unit, dropped, inside, reason)
+
+
+def marked_documents(split: AnySplit) -> list[str] | None:
+    """Each example's document, where the split's file marks at least two (CoNLL's `-DOCSTART-`), else None."""
+    if isinstance(split, TaggedSplit) and len(set(split.documents)) > 1:
+        return [str(d) for d in split.documents]
+    return None
 
 
 def _leaking_share(train: AnySplit, validation: AnySplit) -> float | None:

@@ -1,11 +1,12 @@
 """Token-classification data (NER): sentences of words with one tag each, read from CoNLL-format files or JSONL.
 
 CoNLL: one word per line, whitespace-separated columns with the word first and the tag last (CoNLL-2003's
-`word POS chunk NER`), a blank line after each sentence, `-DOCSTART-` lines skipped. JSONL: one sentence per line,
-a list of words and a list of tags (tag names, or ids into the task's tag list as Hugging Face datasets store
-them). Tags are read in IOB1 or IOB2 and kept as IOB2: both schemes mean the same entities under the CoNLL rules
-(an `I-X` that continues no X entity starts one), so an IOB1 file becomes exactly its IOB2 conversion. Every bad
-line is one error naming the file, the line and the field.
+`word POS chunk NER`), a blank line after each sentence; `-DOCSTART-` lines mark documents, whose boundaries are
+kept beside the sentences (a validation split carved by whole documents: `pipeline.data.loaders`). JSONL: one
+sentence per line, a list of words and a list of tags (tag names, or ids into the task's tag list as Hugging Face
+datasets store them). Tags are read in IOB1 or IOB2 and kept as IOB2: both schemes mean the same entities under the
+CoNLL rules (an `I-X` that continues no X entity starts one), so an IOB1 file becomes exactly its IOB2 conversion.
+Every bad line is one error naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -36,21 +37,25 @@ def split_tag(tag: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class TaggedSplit:
-    """Sentences of one split: `words[i]` the words of sentence i, `tags[i]` their tag ids (IOB2) into `names`."""
+    """Sentences of one split: `words[i]` the words of sentence i, `tags[i]` their tag ids (IOB2) into `names`;
+    `documents[i]` the document sentence i belongs to where the file marks documents (CoNLL's `-DOCSTART-`),
+    else empty. Documents say where sentences came from, not what they are: the digest leaves them out."""
 
     words: list[tuple[str, ...]]
     tags: list[tuple[int, ...]]
     names: tuple[str, ...] = ()
+    documents: tuple[int, ...] = ()
     kind: ClassVar[str] = TOKEN
 
     def __len__(self) -> int:
         return len(self.tags)
 
     def subset(self, idx: Sequence[int]) -> TaggedSplit:
-        return TaggedSplit([self.words[i] for i in idx], [self.tags[i] for i in idx], self.names)
+        documents = tuple(self.documents[i] for i in idx) if self.documents else ()
+        return TaggedSplit([self.words[i] for i in idx], [self.tags[i] for i in idx], self.names, documents)
 
     def head(self, n: int | None) -> TaggedSplit:
-        return TaggedSplit(self.words[:n], self.tags[:n], self.names)
+        return TaggedSplit(self.words[:n], self.tags[:n], self.names, self.documents[:n])
 
     def digest(self, h) -> None:
         for words, tags in zip(self.words, self.tags, strict=True):
@@ -87,15 +92,18 @@ def to_iob2(tags: Sequence[str]) -> list[str]:
 
 
 def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
-    """A CoNLL-format file: the word is the first column, the tag the last."""
+    """A CoNLL-format file: the word is the first column, the tag the last; each sentence's document is counted
+    from the `-DOCSTART-` lines (sentences before the first are document 0), kept where the file has any."""
     ids = {t: i for i, t in enumerate(tag_names)}
-    words, tags, sentence = [], [], []
+    words, tags, documents, sentence = [], [], [], []
+    document = 0
 
     def close() -> None:
         if sentence:
             ws, ts = zip(*sentence, strict=True)
             words.append(tuple(ws))
             tags.append(tuple(ids[t] for t in to_iob2(ts)))
+            documents.append(document)
             sentence.clear()
 
     for lineno, line in enumerate(read_utf8(path, "data file").splitlines(), start=1):
@@ -105,6 +113,7 @@ def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
             continue
         if fields[0] == DOCSTART:
             close()
+            document += 1
             continue
         if len(fields) < 2:
             raise PipelineError(f"{path}:{lineno}: expected a word and its tag (whitespace-separated), got {line!r}")
@@ -112,7 +121,7 @@ def read_conll(path: Path, tag_names: Sequence[str]) -> TaggedSplit:
     close()
     if not tags:
         raise PipelineError(f"{path}: no sentences")
-    return TaggedSplit(words, tags, tuple(tag_names))
+    return TaggedSplit(words, tags, tuple(tag_names), tuple(documents) if document else ())
 
 
 def read_tagged_jsonl(path: Path, words_key: str, tags_key: str, tag_names: Sequence[str]) -> TaggedSplit:

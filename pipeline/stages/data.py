@@ -21,6 +21,12 @@ def run(ref: DataRef) -> dict:
         len(data.dev),
     )
     description = data.describe()
+    if data.auto_chose and data.validation_unit == "document":
+        log.info(
+            "data: validation holds out whole documents (data.validation_unit auto): %s; %d of them drawn",
+            data.auto_chose,
+            description["validation_split"]["documents"],
+        )
     if data.random_slice_inside is not None:
         log.info(
             "data: validation holds out whole sentences (data.validation_unit auto): %.0f%% of a random slice's texts "
