@@ -182,11 +182,13 @@ def load_task_data(
             "pass --data-dir for real data)"
         )
     size, fraction, seed, asked = validation
-    documents = marked_documents(train) if asked == "auto" else None
-    unit = ("document" if documents else "example") if asked == "auto" else asked
+    unit, reason = asked, None
+    if asked == "auto":  # whole documents where the file marks them, else a random slice (unless it leaks)
+        marked = marked_documents(train)
+        unit = "document" if marked else "example"
+        reason = f"the training file marks {len(set(marked))} documents" if marked else None
     kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
-    inside = _leaking_share(kept, val) if asked == "auto" and not documents else None
-    reason = f"the training file marks {len(set(documents))} documents" if documents else None
+    inside = _leaking_share(kept, val) if asked == "auto" and unit == "example" else None
     if inside is not None:  # `auto`, and the random slice leaks: whole sentences instead
         unit, reason = "sentence", f"{inside:.2f} of a random slice sat inside training texts"
         kept, val, dropped = carve_validation(train, size, fraction, seed, unit)

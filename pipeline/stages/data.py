@@ -21,19 +21,12 @@ def run(ref: DataRef) -> dict:
         len(data.dev),
     )
     description = data.describe()
-    if data.auto_chose and data.validation_unit == "document":
-        log.info(
-            "data: validation holds out whole documents (data.validation_unit auto): %s; %d of them drawn",
-            data.auto_chose,
-            description["validation_split"]["documents"],
-        )
-    if data.random_slice_inside is not None:
-        log.info(
-            "data: validation holds out whole sentences (data.validation_unit auto): %.0f%% of a random slice's texts "
-            "sat inside training texts; %d training phrases of them left train",
-            100 * data.random_slice_inside,
-            data.dropped_from_train,
-        )
+    if data.auto_chose is not None:
+        split = description["validation_split"]
+        left = {"document": f"; {split.get('documents')} of them drawn",
+                "sentence": f"; {data.dropped_from_train} training phrases of them left train"}  # fmt: skip
+        log.info("data: validation holds out whole %ss (data.validation_unit auto): %s%s", data.validation_unit,
+                 data.auto_chose, left.get(data.validation_unit, ""))  # fmt: skip
     train = single_texts(data.train)
     if data.validation_unit == "example" and train is not None:
         share = share_inside(single_texts(data.validation), train)
