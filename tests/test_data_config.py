@@ -227,13 +227,20 @@ def test_a_task_without_its_own_recipe_gets_the_methods_defaults():
         assert build_deploy_config("mlp_fusion", task).method_config.tune_steps == 60
 
 
-def test_conll2003_recovers_six_times_longer_after_smp_than_a_sentence_task():
+def test_conll2003_distils_and_recovers_longer_with_the_labels_than_a_sentence_task():
     """recipes/distill+smp/conll2003.yaml: entity F1 needs 6,000 recovery steps at 4x (1,000 left it 2.5 below the
-    teacher on dev, 3,000 1.4 on an AVX2 CPU's narrower plan); a user's NER task names it with --recipe conll2003;
-    sentence tasks keep the default's 1,000."""
-    assert build_deploy_config("distill+smp", "conll2003").method_config.recover_steps == 6000
-    assert build_deploy_config("distill+smp", "sst2").method_config.recover_steps == 1000
-    assert build_deploy_config("distill+smp", "sst2", "conll2003").method_config.recover_steps == 6000
+    teacher on dev, 3,000 1.4 on an AVX2 CPU's narrower plan), and on whole-document validation 2,000 distillation
+    steps and the labels in SMP (kd_alpha 0.5); a user's NER task names it with --recipe conll2003; sentence tasks
+    keep the default's 1,000 recovery steps on the teacher's outputs alone."""
+    for cfg in (
+        build_deploy_config("distill+smp", "conll2003"),
+        build_deploy_config("distill+smp", "sst2", "conll2003"),
+    ):
+        distill, smp = cfg.chain
+        assert smp.recover_steps == 6000 and smp.train.kd_alpha == 0.5 and smp.train.group_by_length
+        assert distill.train.max_steps == 2000 and distill.train.epochs >= 6 and distill.train.kd_alpha == 0.5
+    sst2 = build_deploy_config("distill+smp", "sst2").method_config
+    assert sst2.recover_steps == 1000 and sst2.train.kd_alpha == 1.0
 
 
 def test_a_training_phase_is_not_capped_by_epochs():
