@@ -22,11 +22,16 @@ def run(ref: DataRef) -> dict:
     )
     description = data.describe()
     if data.auto_chose is not None:
-        split = description["validation_split"]
-        left = {"document": f"; {split.get('documents')} of them drawn",
-                "sentence": f"; {data.dropped_from_train} training phrases of them left train"}  # fmt: skip
-        log.info("data: validation holds out whole %ss (data.validation_unit auto): %s%s", data.validation_unit,
-                 data.auto_chose, left.get(data.validation_unit, ""))  # fmt: skip
+        detail = {
+            "document": f"; {description['validation_split'].get('documents')} of them drawn",
+            "sentence": f"; {data.dropped_from_train} training phrases of them left train",
+        }.get(data.validation_unit, "")
+        log.info(
+            "data: validation holds out whole %ss (data.validation_unit auto): %s%s",
+            data.validation_unit,
+            data.auto_chose,
+            detail,
+        )
     train = single_texts(data.train)
     if data.validation_unit == "example" and train is not None:
         share = share_inside(single_texts(data.validation), train)
