@@ -345,7 +345,9 @@ def test_validation_holds_out_whole_sentences_by_default_where_a_random_slice_le
     sentences = load_task_data("sst2", tmp_path, source="tsv", validation=(*default[:3], "sentence"))
     assert leaking.validation_unit == "sentence" and leaking.random_slice_inside > 0.2
     assert leaking.validation == sentences.validation and leaking.dropped_from_train == sentences.dropped_from_train
-    assert leaking.describe()["validation_split"]["chosen"].startswith("auto: ")
+    split = leaking.describe()["validation_split"]
+    assert split["chosen"].startswith("auto: ")
+    assert split["random_slice_inside"] == round(leaking.random_slice_inside, 4)  # the report's number behind it
     with caplog.at_level("INFO", logger="pipeline.stages.data"):
         data_stage(DataRef(get_task("sst2"), "tsv", str(tmp_path)))
     assert "validation holds out whole sentences (data.validation_unit auto)" in caplog.text

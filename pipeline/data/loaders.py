@@ -88,6 +88,8 @@ class TaskData:
             unit["documents"] = len(set(self.validation.documents))
         if self.auto_chose is not None:
             unit["chosen"] = f"auto: {self.auto_chose}"
+        if self.random_slice_inside is not None:  # the measured leak behind that choice, as a number to compare
+            unit["random_slice_inside"] = round(self.random_slice_inside, 4)
         return {
             "source": self.source,
             "train": len(self.train),
