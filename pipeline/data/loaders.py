@@ -65,7 +65,7 @@ class TaskData:
     validation_seed: int = 0
     validation_unit: str = "example"  # as carved: `example`, `sentence` or `document` (`auto` resolved)
     dropped_from_train: int = 0  # training texts inside a validation sentence (`validation_unit` sentence)
-    random_slice_inside: float | None = None  # `auto` chose sentences: the share of a random slice inside train
+    random_slice_inside: float | None = None  # single-text tasks: the share of a random slice's texts inside train
     auto_chose: str | None = None  # why `auto` carved other than by example, as the report says it
     corpus: dict | None = None  # unlabelled sentences added to train (`--corpus`): folder, lines, sha256
 
@@ -88,8 +88,9 @@ class TaskData:
             unit["documents"] = len(set(self.validation.documents))
         if self.auto_chose is not None:
             unit["chosen"] = f"auto: {self.auto_chose}"
-        if self.random_slice_inside is not None:  # the measured leak behind that choice, as a number to compare
-            unit["random_slice_inside"] = round(self.random_slice_inside, 4)
+        if self.random_slice_inside is not None:  # the measured leak: of this split, or behind `auto`'s switch
+            key = "inside_train" if self.validation_unit == "example" else "random_slice_inside"
+            unit[key] = round(self.random_slice_inside, 4)
         return {
             "source": self.source,
             "train": len(self.train),
@@ -190,8 +191,8 @@ def load_task_data(
         unit = "document" if marked else "example"
         reason = f"the training file marks {len(set(marked))} documents" if marked else None
     kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
-    inside = _leaking_share(kept, val) if asked == "auto" and unit == "example" else None
-    if inside is not None:  # `auto`, and the random slice leaks: whole sentences instead
+    inside = _share_inside(kept, val) if unit == "example" else None  # on the whole file: max_train cannot move it
+    if asked == "auto" and inside is not None and inside > LEAK_WARNING:  # the slice leaks: whole sentences instead
         unit, reason = "sentence", f"{inside:.2f} of a random slice sat inside training texts"
         kept, val, dropped = carve_validation(train, size, fraction, seed, unit)
     train, dev = _limit(kept, max_train, shuffle=True), _limit(dev, max_dev, shuffle=False)
@@ -205,14 +206,12 @@ def marked_documents(split: AnySplit) -> list[str] | None:
     return None
 
 
-def _leaking_share(train: AnySplit, validation: AnySplit) -> float | None:
-    """`auto`'s test of a random slice: the share of its texts that occur inside training texts (phrases of the
-    same sentences, as SST-2's train set holds) when above `LEAK_WARNING`, else None. Only single-text tasks can
-    leak so."""
+def _share_inside(train: AnySplit, validation: AnySplit) -> float | None:
+    """The share of a random slice's texts that occur inside training texts (phrases of the same sentences, as
+    SST-2's train set holds): `auto`'s test, and the data report's figure. Only single-text tasks can leak so."""
     if single_texts(train) is None:
         return None
-    inside = share_inside(single_texts(validation), single_texts(train))
-    return inside if inside > LEAK_WARNING else None
+    return share_inside(single_texts(validation), single_texts(train))
 
 
 def resolve_source(spec: TaskSpec, data_dir: str | Path | None, hub: bool = False) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.data.loaders import DataRef, single_texts
-from pipeline.data.phrases import LEAK_WARNING, share_inside
+from pipeline.data.loaders import DataRef
+from pipeline.data.phrases import LEAK_WARNING
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +32,12 @@ def run(ref: DataRef) -> dict:
             data.auto_chose,
             detail,
         )
-    train = single_texts(data.train)
-    if data.validation_unit == "example" and train is not None:
-        share = share_inside(single_texts(data.validation), train)
-        description["validation_split"]["inside_train"] = round(share, 3)
-        if share > LEAK_WARNING:
-            log.warning(
-                "data: %.0f%% of the validation texts occur inside training texts (phrases of the same sentences): "
-                "validation will flatter models that memorise; data.validation_unit sentence (or auto, the "
-                "default) holds out whole sentences",
-                100 * share,
-            )
+    share = data.random_slice_inside  # measured once, by the loader that carved the split
+    if data.validation_unit == "example" and share is not None and share > LEAK_WARNING:
+        log.warning(
+            "data: %.0f%% of the validation texts occur inside training texts (phrases of the same sentences): "
+            "validation will flatter models that memorise; data.validation_unit sentence (or auto, the "
+            "default) holds out whole sentences",
+            100 * share,
+        )
     return description
